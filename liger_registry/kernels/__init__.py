@@ -1,0 +1,125 @@
+"""Kernels: the public functional API; each op dispatches to Triton (CUDA) or PyTorch (CPU), see ``op``."""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .cross_entropy import cross_entropy_torch
+from .flce import FLCEOutput, FusedLinearCrossEntropyFunction, flce_chunk_geometry
+from .flce import fused_linear_cross_entropy as fused_linear_cross_entropy
+from .jsd import FusedLinearJSDFunction
+from .jsd import fused_linear_jsd as fused_linear_jsd
+from .op import (
+    BACKENDS,
+    ENV_VAR,
+    OPS,
+    BackendError,
+    Op,
+    backend_for,
+    register,
+    requested_backend,
+    why_not_triton,
+)
+
+register(Op("fused_linear_cross_entropy", torch_impl=fused_linear_cross_entropy))
+register(Op("fused_linear_jsd", torch_impl=fused_linear_jsd))
+register(Op("cross_entropy", torch_impl=cross_entropy_torch))
+register(Op("rms_norm", torch_impl=reference.rms_norm_torch))
+register(Op("layer_norm", torch_impl=reference.layer_norm_torch))
+register(Op("rope", torch_impl=reference.rope_torch))
+register(Op("swiglu", torch_impl=reference.swiglu_torch))
+register(Op("geglu", torch_impl=reference.geglu_torch))
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    softcap: float | None = None,
+    lse_square_scale: float = 0.0,
+    class_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Cross entropy over rows of ``logits`` [N, V]; same semantics as :func:`fused_linear_cross_entropy`."""
+    from .ce_torch import check_ce_options
+
+    check_ce_options(label_smoothing, softcap, reduction)
+    if logits.dim() != 2 or target.shape != (logits.shape[0],):
+        raise ValueError(f"logits must be [N, V] and target [N]; got {tuple(logits.shape)}, {tuple(target.shape)}")
+    return OPS["cross_entropy"](
+        logits,
+        target,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+        softcap=softcap,
+        lse_square_scale=lse_square_scale,
+        class_weights=class_weights,
+    )
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0, casting_mode: str = "llama"
+) -> torch.Tensor:
+    """RMSNorm over the last dim; casting modes ``llama`` | ``gemma`` | ``none`` (see
+    :func:`reference.rms_norm_torch` for what each means and why it exists)."""
+    reference.check_casting_mode(casting_mode)
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+    return OPS["rms_norm"](x, weight, eps, offset, casting_mode)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dim (``F.layer_norm``)."""
+    if weight.shape != (x.shape[-1],) or (bias is not None and bias.shape != (x.shape[-1],)):
+        raise ValueError(f"layer_norm: weight/bias must be [{x.shape[-1]}]")
+    return OPS["layer_norm"](x, weight, bias, eps)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding of q and k [batch, heads, seq, head_dim] with cos/sin [batch or 1, seq, head_dim];
+    identical to HF ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``. Returns ``(q_out, k_out)``."""
+    reference.check_rope_shapes(q, k, cos, sin)
+    return OPS["rope"](q, k, cos, sin)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``."""
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return OPS["swiglu"](gate, up)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up``."""
+    if gate.shape != up.shape:
+        raise ValueError(f"geglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return OPS["geglu"](gate, up)
+
+
+__all__ = [
+    "BACKENDS",
+    "ENV_VAR",
+    "OPS",
+    "BackendError",
+    "FLCEOutput",
+    "FusedLinearCrossEntropyFunction",
+    "FusedLinearJSDFunction",
+    "Op",
+    "backend_for",
+    "cross_entropy",
+    "flce_chunk_geometry",
+    "fused_linear_cross_entropy",
+    "fused_linear_jsd",
+    "geglu",
+    "layer_norm",
+    "register",
+    "requested_backend",
+    "rms_norm",
+    "rope",
+    "swiglu",
+    "why_not_triton",
+]

@@ -1,0 +1,88 @@
+"""PyTorch implementations of the elementwise/normalisation ops (the CPU path and the test reference)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+CASTING_MODES = ("llama", "gemma", "none")
+
+
+def check_casting_mode(casting_mode: str) -> str:
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode={casting_mode!r}; expected one of {', '.join(CASTING_MODES)}")
+    return casting_mode
+
+
+def rms_norm_torch(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0, casting_mode: str = "llama"
+) -> torch.Tensor:
+    """RMSNorm over the last dimension, ``y = x / rms(x) * (offset + weight)``.
+
+    Casting modes (as Liger documents them); they exist because the HF families disagree on where the
+    cast back to the input dtype happens, and bf16 results differ in the last bit otherwise:
+
+    * ``"llama"``: x is upcast to fp32 only to compute and apply 1/rms; the normalised x is cast back to
+      the input dtype and *then* multiplied by ``(offset + weight)`` in the weight's dtype. With
+      ``offset=0`` this is exactly HF ``LlamaRMSNorm`` (Llama, Mistral, Qwen2/3, GPT-OSS, ...).
+    * ``"gemma"``: everything in fp32, ``x_norm * (offset + weight.float())``, then cast to the input
+      dtype. With ``offset=1.0`` this is exactly HF ``GemmaRMSNorm`` / ``Gemma3RMSNorm``.
+    * ``"none"``: everything in the input dtype (no upcast at all).
+    """
+    check_casting_mode(casting_mode)
+    input_dtype = x.dtype
+    if casting_mode == "llama":
+        xf = x.to(torch.float32)
+        variance = xf.pow(2).mean(-1, keepdim=True)
+        xn = (xf * torch.rsqrt(variance + eps)).to(input_dtype)
+        w = weight if offset == 0.0 else (offset + weight)
+        return w * xn
+    if casting_mode == "gemma":
+        xf = x.float()
+        xn = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        return (xn * (offset + weight.float())).type_as(x)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return x * torch.rsqrt(variance + eps) * (offset + weight.to(input_dtype))
+
+
+def layer_norm_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dimension (``torch.nn.functional.layer_norm``)."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def check_rope_shapes(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"rope: q and k must be [batch, heads, seq, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    if cos.shape != sin.shape or cos.dim() != 3:
+        raise ValueError(f"rope: cos and sin must be [batch or 1, seq, head_dim]; got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    b, _, s, d = q.shape
+    if k.shape[0] != b or k.shape[2] != s or k.shape[3] != d:
+        raise ValueError(f"rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, seq or head_dim")
+    if cos.shape[0] not in (1, b) or cos.shape[1] != s or cos.shape[2] != d:
+        raise ValueError(f"rope: cos {tuple(cos.shape)} does not match q {tuple(q.shape)}")
+    if d % 2:
+        raise ValueError(f"rope: head_dim must be even, got {d}")
+
+
+def rope_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding, rotate_half convention; identical to HF ``apply_rotary_pos_emb(unsqueeze_dim=1)``."""
+    check_rope_shapes(q, k, cos, sin)
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    return (q * cos) + (_rotate_half(q) * sin), (k * cos) + (_rotate_half(k) * sin)
+
+
+def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``."""
+    return F.silu(gate) * up
+
+
+def geglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up``."""
+    return F.gelu(gate, approximate="tanh") * up

@@ -1,0 +1,160 @@
+"""FLCE (PyTorch path) against materialised logits + F.cross_entropy, forward and backward; chunk geometry."""
+
+import pytest
+import torch
+from kernel_refs import flce_reference
+
+from liger_registry import kernels as K
+from liger_registry.kernels.flce import flce_chunk_geometry
+
+
+def _inputs(n=37, h=16, v=50, dtype=torch.float32, bias=False, seed=0, ignore_frac=0.2):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g, dtype=torch.float32).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=g) * 0.5).to(dtype).requires_grad_()
+    target = torch.randint(0, v, (n,), generator=g)
+    target[torch.rand(n, generator=g) < ignore_frac] = -100
+    b = (torch.randn(v, generator=g) * 0.1).to(dtype).requires_grad_() if bias else None
+    return hidden, weight, target, b
+
+
+def _grads(loss, tensors, go=None):
+    tensors = [t for t in tensors if t is not None]
+    return torch.autograd.grad(loss, tensors, grad_outputs=go)
+
+
+def test_geometry_anchors():
+    assert flce_chunk_geometry(8192, 4096, 128256, 1) == (256, 32)
+    assert flce_chunk_geometry(8192, 4096, 128256, 8) == (2048, 4)
+    assert flce_chunk_geometry(8192, 4096, 128256, 16) == (4096, 2)
+    assert flce_chunk_geometry(8192, 4096, 128256, 2) == (512, 16)
+    assert flce_chunk_geometry(1, 4096, 128256, 1) == (1, 1)
+    assert flce_chunk_geometry(37, 16, 50, 1) == (16, 3)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, False, 1.5, "2", None])
+def test_geometry_rejects_bad_constant(bad):
+    with pytest.raises(ValueError, match="chunk_mem_const"):
+        flce_chunk_geometry(8192, 4096, 128256, bad)
+    h, w, t, _ = _inputs()
+    with pytest.raises(ValueError, match="chunk_mem_const"):
+        K.fused_linear_cross_entropy(h, w, t, chunk_mem_const=bad)
+
+
+OPTIONS = [
+    {},
+    {"label_smoothing": 0.1},
+    {"softcap": 3.0},
+    {"logit_scale": 0.25},
+    {"lse_square_scale": 1e-2},
+    {"class_weights": "w"},
+    {"class_weights": "w", "label_smoothing": 0.2},
+    {"ignore_index": 3},
+    {"softcap": 2.0, "logit_scale": 0.5, "lse_square_scale": 1e-3, "label_smoothing": 0.05},
+]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(o) or "plain")
+@pytest.mark.parametrize("bias", [False, True])
+def test_flce_matches_reference(opts, reduction, bias):
+    hidden, weight, target, b = _inputs(bias=bias)
+    opts = dict(opts)
+    if opts.get("class_weights") == "w":
+        opts["class_weights"] = torch.rand(weight.shape[0], generator=torch.Generator().manual_seed(1)) + 0.5
+    if "ignore_index" in opts:
+        target = torch.where(target == -100, torch.full_like(target, opts["ignore_index"]), target)
+    loss = K.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, **opts)
+    ref, _ = flce_reference(hidden, weight, target, b, reduction=reduction, **opts)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+    go = torch.randn_like(ref) if reduction == "none" else torch.tensor(1.7)
+    got = _grads(loss, [hidden, weight, b], go)
+    exp = _grads(ref, [hidden, weight, b], go)
+    for a, e in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("c", [1, 2, 4, 100])
+def test_chunk_constant_does_not_change_result(c):
+    hidden, weight, target, _ = _inputs(n=70)
+    loss = K.fused_linear_cross_entropy(hidden, weight, target, chunk_mem_const=c)
+    ref, _ = flce_reference(hidden, weight, target)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    gh, gw = _grads(loss, [hidden, weight])
+    rh, rw = _grads(ref, [hidden, weight])
+    torch.testing.assert_close(gh, rh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-6)
+
+
+def test_flce_never_materialises_full_logits(monkeypatch):
+    hidden, weight, target, _ = _inputs(n=64, h=16, v=50)
+    seen = []
+    real = torch.empty
+
+    def spy(*shape, **kw):
+        seen.append(tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+        return real(*shape, **kw)
+
+    monkeypatch.setattr(torch, "empty", spy)
+    K.fused_linear_cross_entropy(hidden, weight, target).backward()
+    chunk, _ = flce_chunk_geometry(64, 16, 50)
+    assert chunk < 64
+    assert (chunk, 50) in seen and (64, 50) not in seen
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_gives_zero_loss_and_grads(reduction):
+    hidden, weight, target, b = _inputs(bias=True)
+    target = torch.full_like(target, -100)
+    out = K.fused_linear_cross_entropy(
+        hidden, weight, target, b, reduction=reduction, lse_square_scale=1e-2, return_z_loss=True,
+        return_token_accuracy=True,
+    )
+    assert torch.isfinite(out.loss).all() and (out.loss == 0).all()
+    assert (out.z_loss == 0).all() and out.token_accuracy == 0
+    out.loss.sum().backward()
+    for t in (hidden, weight, b):
+        assert torch.isfinite(t.grad).all() and (t.grad == 0).all()
+
+
+def test_return_fields():
+    hidden, weight, target, _ = _inputs()
+    out = K.fused_linear_cross_entropy(hidden, weight, target, lse_square_scale=1e-2, return_z_loss=True)
+    assert isinstance(out, K.FLCEOutput) and out.token_accuracy is None and out.predicted_tokens is None
+    _, zref = flce_reference(hidden, weight, target, lse_square_scale=1e-2)
+    torch.testing.assert_close(out.z_loss, zref)
+    out = K.fused_linear_cross_entropy(
+        hidden, weight, target, return_token_accuracy=True, return_predicted_tokens=True
+    )
+    assert out.z_loss is None
+    logits = hidden @ weight.t()
+    pred = logits.argmax(-1)
+    assert torch.equal(out.predicted_tokens, pred)
+    valid = target != -100
+    torch.testing.assert_close(out.token_accuracy, (pred == target)[valid].float().mean())
+
+
+def test_accum_dtype_and_low_precision_grads():
+    hidden, weight, target, _ = _inputs(dtype=torch.bfloat16)
+    loss = K.fused_linear_cross_entropy(hidden, weight, target, accum_dtype=torch.float32)
+    gh, gw = _grads(loss, [hidden, weight])
+    assert gh.dtype == torch.bfloat16 and gw.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    h32 = hidden.detach().float().requires_grad_()
+    w32 = weight.detach().float().requires_grad_()
+    ref, _ = flce_reference(h32, w32, target)
+    rh, rw = _grads(ref, [h32, w32])
+    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(gw.float(), rw, rtol=5e-2, atol=5e-3)
+    torch.testing.assert_close(gh.float(), rh, rtol=5e-2, atol=5e-3)
+
+
+def test_input_checks():
+    hidden, weight, target, _ = _inputs()
+    with pytest.raises(ValueError, match="reduction"):
+        K.fused_linear_cross_entropy(hidden, weight, target, reduction="avg")
+    with pytest.raises(ValueError, match="target"):
+        K.fused_linear_cross_entropy(hidden, weight, target[:-1])
+    with pytest.raises(ValueError, match="hidden"):
+        K.fused_linear_cross_entropy(hidden, weight[:, :-1], target)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        K.fused_linear_cross_entropy(hidden, weight, target, label_smoothing=2.0)
