@@ -1,0 +1,115 @@
+"""The causal-LM forwards (dense and MoE): base model, then fused linear cross entropy or logits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from liger_registry import kernels
+from liger_registry.forwards.context import ForwardContext
+from liger_registry.forwards.head import (
+    head_parameters,
+    logit_transform,
+    postprocess_logits,
+    text_config,
+    warn_unfusable,
+)
+from liger_registry.forwards.registry import register_forward
+from liger_registry.forwards.skip_logits import resolve_skip_logits
+
+HEAD_ONLY = ("labels", "logits_to_keep", "return_dict")
+IGNORE_INDEX = -100
+
+
+def _slice(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    index = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    return hidden[:, index, :]
+
+
+def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, extra: dict) -> torch.Tensor | None:
+    """The training loss by FLCE, with HF's shift and num_items_in_batch semantics (sum, then divide)."""
+    head = ctx.entry.head
+    params = head_parameters(getattr(model, head.lm_head))
+    if params is None:
+        return None
+    shift_labels = extra.get("shift_labels")
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    num_items = extra.get("num_items_in_batch")
+    softcap, scale = logit_transform(text_config(model.config, head.text_config_attr), head.softcap_attr, head.logit_scale_attr)
+    weight, bias = params
+    loss = kernels.fused_linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        shift_labels.reshape(-1).to(hidden.device),
+        bias,
+        ignore_index=extra.get("ignore_index", IGNORE_INDEX),
+        softcap=softcap,
+        logit_scale=scale,
+        reduction="mean" if num_items is None else "sum",
+        chunk_mem_const=ctx.entry.flce.chunk_mem_const,
+    )
+    if num_items is not None:
+        loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+    return loss
+
+
+def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, extra: dict, skip_logits):
+    """(loss, logits) from the decoder's last hidden state, following skip_logits."""
+    labels = named.get("labels")
+    has_labels = labels is not None or extra.get("shift_labels") is not None
+    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels)
+    logits_to_keep = named.get("logits_to_keep", ctx.default("logits_to_keep") or 0)
+    hidden = _slice(outputs.last_hidden_state, logits_to_keep)
+    if skip and ctx.entry.flce.enabled:
+        loss = fused_loss(model, ctx, hidden, labels, extra)
+        if loss is not None:
+            return loss, None
+        warn_unfusable(getattr(model, ctx.entry.head.lm_head))
+    head = ctx.entry.head
+    config = text_config(model.config, head.text_config_attr)
+    logits = postprocess_logits(getattr(model, head.lm_head)(hidden), *logit_transform(config, head.softcap_attr, head.logit_scale_attr))
+    loss = None
+    if has_labels:
+        loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
+    return loss, (None if skip else logits)
+
+
+def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any:
+    base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
+    return getattr(model, ctx.entry.head.base_model)(**base_args, **extra)
+
+
+def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> Any:
+    names = ctx.output_class.__dataclass_fields__
+    values = {name: getattr(outputs, name, None) for name in names if name not in fields}
+    values.update({k: v for k, v in fields.items() if k in names})
+    result = ctx.output_class(**values)
+    return result if named.get("return_dict", True) is not False else result.to_tuple()
+
+
+@register_forward("causal_lm", "Dense causal LM: decoder, then FLCE (no logits) or lm_head logits + HF loss.")
+def causal_lm(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
+    named, extra = ctx.bind(model, args, kwargs)
+    outputs = _base_call(model, ctx, named, extra)
+    loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)
+    return _output(ctx, outputs, named, loss=loss, logits=logits)
+
+
+@register_forward("causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.")
+def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
+    named, extra = ctx.bind(model, args, kwargs)
+    if ctx.entry.head.router_logits_from_config and named.get("output_router_logits") is None:
+        named["output_router_logits"] = getattr(model.config, "output_router_logits", False)
+    outputs = _base_call(model, ctx, named, extra)
+    loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)
+    aux_loss = None
+    if named.get("output_router_logits"):
+        aux_loss = ctx.module.load_balancing_loss_func(
+            outputs.router_logits, model.num_experts, model.num_experts_per_tok, named.get("attention_mask")
+        )
+        if loss is not None:
+            loss = loss + model.router_aux_loss_coef * aux_loss.to(loss.device)
+    return _output(ctx, outputs, named, loss=loss, logits=logits, aux_loss=aux_loss)

@@ -1,0 +1,85 @@
+"""What the applier binds into an installed forward: the resolved family and the original it replaces."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from transformers import modeling_outputs
+
+from liger_registry.schemas import FamilyEntry
+
+_FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "MoeCausalLMOutputWithPast"}
+
+
+@dataclass
+class ForwardContext:
+    entry: FamilyEntry
+    original: Callable
+    module: ModuleType
+    signature: inspect.Signature = field(init=False)
+    output_class: type = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.signature = inspect.signature(self.original)
+        self.output_class = self._output_class()
+
+    def _output_class(self) -> type:
+        annotation = self.signature.return_annotation
+        if isinstance(annotation, str):
+            annotation = getattr(self.module, annotation, None) or getattr(modeling_outputs, annotation, None)
+        if isinstance(annotation, type) and hasattr(annotation, "__dataclass_fields__"):
+            return annotation
+        return getattr(modeling_outputs, _FALLBACK_OUTPUT.get(self.entry.forward, "CausalLMOutputWithPast"))
+
+    def bind(self, model: Any, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Named arguments of the original, and the extra keywords it collects in **kwargs."""
+        bound = self.signature.bind(model, *args, **kwargs)
+        named, extra = {}, {}
+        for name, value in bound.arguments.items():
+            kind = self.signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_KEYWORD:
+                extra.update(value)
+            elif kind is not inspect.Parameter.VAR_POSITIONAL:
+                named[name] = value
+        named.pop(next(iter(self.signature.parameters)))
+        return named, extra
+
+    def default(self, name: str) -> Any:
+        parameter = self.signature.parameters.get(name)
+        return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def installed_signature(original: Callable) -> inspect.Signature:
+    """The original's signature with a keyword-only `skip_logits` before its **kwargs.
+
+    Trainer reads this signature to decide which dataset columns to keep, so it must stay the original's.
+    """
+    signature = inspect.signature(original)
+    params = list(signature.parameters.values())
+    skip = inspect.Parameter("skip_logits", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=bool | None)
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    params.insert(at, skip)
+    return signature.replace(parameters=params)
+
+
+def bind_forward(fn: Callable, ctx: ForwardContext) -> Callable:
+    """A function (usable as a method) that calls `fn(self, ctx, ...)` and shows the original's signature."""
+
+    @functools.wraps(ctx.original)
+    def forward(self, *args, skip_logits=None, **kwargs):
+        return fn(self, ctx, *args, skip_logits=skip_logits, **kwargs)
+
+    forward.__signature__ = installed_signature(ctx.original)
+    forward.__wrapped__ = fn
+    forward.__liger_forward__ = fn
+    return forward
+
+
+def family_module(entry: FamilyEntry) -> ModuleType:
+    return sys.modules[entry.module]

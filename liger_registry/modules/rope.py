@@ -1,0 +1,18 @@
+"""Drop-in for transformers' apply_rotary_pos_emb, calling the fused q-and-k rotary kernel."""
+
+from __future__ import annotations
+
+from liger_registry import kernels
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+    """Same contract as HF's: cos/sin are [batch, seq, head_dim]; unsqueeze_dim 1 means q is [b, h, s, d].
+
+    `position_ids` is accepted and unused, as in HF releases that still passed it positionally.
+    """
+    if unsqueeze_dim == 2:  # q and k are [batch, seq, heads, head_dim]
+        q_out, k_out = kernels.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    if unsqueeze_dim != 1:
+        raise ValueError(f"apply_rotary_pos_emb: unsqueeze_dim must be 1 or 2, got {unsqueeze_dim}")
+    return kernels.rope(q, k, cos, sin)

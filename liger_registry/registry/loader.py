@@ -1,0 +1,137 @@
+"""Loads family entries and policies from the bundled YAML, user directories and plugins."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+from liger_registry.registry.errors import RegistryError, UnsupportedModelError
+from liger_registry.registry.yaml_source import load_model
+from liger_registry.schemas import FamilyEntry, PolicyFile
+
+BUNDLED_FAMILIES = Path(__file__).parent / "families"
+BUNDLED_POLICIES = Path(__file__).parent.parent / "policies"
+PATH_VARIABLE = "LIGER_REGISTRY_PATH"
+ENTRY_POINT_GROUP = "liger_registry.families"
+
+
+@dataclass(frozen=True)
+class LoadedFamily:
+    entry: FamilyEntry
+    path: Path
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    policy: PolicyFile
+    path: Path
+
+
+@dataclass
+class Registry:
+    """Every family and registry-level policy, indexed by family name and by model type."""
+
+    families: dict[str, LoadedFamily] = field(default_factory=dict)
+    by_model_type: dict[str, str] = field(default_factory=dict)
+    policies: list[LoadedPolicy] = field(default_factory=list)
+    sources: list[Path] = field(default_factory=list)
+
+    def family_for(self, model_type: str) -> LoadedFamily:
+        name = self.by_model_type.get(model_type)
+        if name is None:
+            raise UnsupportedModelError(model_type, self.by_model_type)
+        return self.families[name]
+
+    def family(self, name: str) -> LoadedFamily:
+        if name not in self.families:
+            raise UnsupportedModelError(name, self.families)
+        return self.families[name]
+
+    def policies_for(self, family: str) -> list[LoadedPolicy]:
+        return [p for p in self.policies if p.policy.applies(family)]
+
+
+def _yaml_files(directory: Path) -> list[Path]:
+    return sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+
+
+def _kind(path: Path) -> str:
+    """'family' or 'policy', by the file's identifying top-level key."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        return "family"  # load_model reports the syntax error with its line
+    if isinstance(data, dict) and "policy" in data and "family" not in data:
+        return "policy"
+    return "family"
+
+
+def plugin_directories() -> list[Path]:
+    """Directories that installed plugins expose through the `liger_registry.families` entry points.
+
+    An entry point names a directory path (a string), or a callable returning one; importing it is also
+    how a plugin registers its forwards with `liger_registry.forwards.register_forward`.
+    """
+    directories = []
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        value = point.load()
+        value = value() if callable(value) else value
+        directories.append(Path(value))
+    return directories
+
+
+def registry_directories(extra_dirs: Iterable[str | os.PathLike]) -> list[Path]:
+    env = [Path(p) for p in os.environ.get(PATH_VARIABLE, "").split(os.pathsep) if p]
+    return [BUNDLED_FAMILIES, BUNDLED_POLICIES, *plugin_directories(), *env, *(Path(d) for d in extra_dirs)]
+
+
+def _add_family(registry: Registry, loaded: LoadedFamily, problems: list[str]) -> None:
+    entry = loaded.entry
+    if entry.family in registry.families:
+        other = registry.families[entry.family].path
+        problems.append(f"{loaded.path}: family {entry.family!r} is already defined in {other}")
+        return
+    for model_type in entry.model_types:
+        if model_type in registry.by_model_type:
+            other = registry.families[registry.by_model_type[model_type]].path
+            problems.append(f"{loaded.path}: model_type {model_type!r} is already served by {other}")
+            return
+    registry.families[entry.family] = loaded
+    registry.by_model_type.update(dict.fromkeys(entry.model_types, entry.family))
+
+
+def load_registry(*extra_dirs: str | os.PathLike) -> Registry:
+    """Bundled families and policies, plugin and LIGER_REGISTRY_PATH directories, then `extra_dirs`.
+
+    Every problem of every file is collected and raised at once as one RegistryError.
+    """
+    registry, problems = Registry(), []
+    for directory in registry_directories(extra_dirs):
+        if not directory.is_dir():
+            problems.append(f"{directory}: registry directory does not exist")
+            continue
+        registry.sources.append(directory)
+        for path in _yaml_files(directory):
+            try:
+                if _kind(path) == "policy":
+                    registry.policies.append(LoadedPolicy(load_model(path, PolicyFile), path))
+                else:
+                    _add_family(registry, LoadedFamily(load_model(path, FamilyEntry), path), problems)
+            except RegistryError as exc:
+                problems.extend(exc.problems or [str(exc)])
+    if problems:
+        raise RegistryError(f"the registry has {len(problems)} problem(s)", problems)
+    return registry
+
+
+def load_policy(path: str | os.PathLike) -> LoadedPolicy:
+    """A user policy file (layer 4)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RegistryError(f"{path}: policy file does not exist")
+    return LoadedPolicy(load_model(path, PolicyFile), path)

@@ -1,0 +1,161 @@
+"""Layers defaults, the family entry, policies and keyword overrides into one configuration with provenance."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, PositiveInt, StrictBool, ValidationError
+
+from liger_registry.registry.errors import RegistryError, suggest
+from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry, load_policy
+from liger_registry.schemas import FamilyEntry, SkipLogitsMode
+from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.family import KNOB_SECTIONS
+
+LAYERS = {1: "default", 2: "family", 3: "bundled policy", 4: "user policy", 5: "override"}
+
+OVERRIDE_PATHS = {
+    "rms_norm": "kernels.rms_norm.enabled",
+    "rope": "kernels.rope.enabled",
+    "swiglu": "kernels.swiglu.enabled",
+    "geglu": "kernels.geglu.enabled",
+    "layer_norm": "kernels.layer_norm.enabled",
+    "cross_entropy": "kernels.cross_entropy.enabled",
+    "fused_linear_cross_entropy": "flce.enabled",
+    "chunk_mem_const": "flce.chunk_mem_const",
+    "jsd_chunk_mem_const": "fused_linear_jsd.chunk_mem_const",
+    "skip_logits": "skip_logits",
+}
+
+
+class Overrides(StrictModel):
+    """Keyword overrides of `apply(...)`; an unknown name is an error, never dropped."""
+
+    rms_norm: StrictBool | None = None
+    rope: StrictBool | None = None
+    swiglu: StrictBool | None = None
+    geglu: StrictBool | None = None
+    layer_norm: StrictBool | None = None
+    cross_entropy: StrictBool | None = None
+    fused_linear_cross_entropy: StrictBool | None = None
+    chunk_mem_const: PositiveInt | None = Field(None, strict=True)
+    jsd_chunk_mem_const: PositiveInt | None = Field(None, strict=True)
+    skip_logits: SkipLogitsMode | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Which layer set a knob."""
+
+    layer: int
+    name: str
+    path: Path | None = None
+
+    def __str__(self) -> str:
+        where = f" ({self.path.name})" if self.path else ""
+        return f"{LAYERS[self.layer]} {self.name}{where}".strip()
+
+
+@dataclass
+class ResolvedConfig:
+    """A family's configuration after layering: the typed entry and where each knob came from."""
+
+    family: str
+    entry: FamilyEntry
+    path: Path
+    provenance: dict[str, Source] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    policies: list[str] = field(default_factory=list)
+
+    def source(self, knob: str) -> Source:
+        return self.provenance[knob]
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _layer(values: dict, provenance: dict, updates: dict[str, Any], source: Source, family: str) -> list[str]:
+    problems = []
+    for knob, value in updates.items():
+        if knob not in values:
+            kernel = knob.split(".")[1] if knob.startswith("kernels.") else knob
+            problems.append(f"{source}: sets {knob!r}, but family {family!r} declares no {kernel} kernel")
+            continue
+        values[knob], provenance[knob] = value, source
+    return problems
+
+
+def validate_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    unknown = [k for k in overrides if k not in OVERRIDE_PATHS]
+    if unknown:
+        raise RegistryError(
+            "unknown keyword override(s)",
+            [f"{k!r}{suggest(k, OVERRIDE_PATHS)}; allowed: {', '.join(OVERRIDE_PATHS)}" for k in unknown],
+        )
+    try:
+        checked = Overrides.model_validate(overrides)
+    except ValidationError as exc:
+        raise RegistryError(
+            "invalid keyword override(s)", [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        ) from None
+    return {OVERRIDE_PATHS[k]: v for k, v in checked.model_dump(exclude_none=True).items()}
+
+
+def _policy_updates(policy: LoadedPolicy) -> dict[str, Any]:
+    return flatten(policy.policy.model_dump(include=set(KNOB_SECTIONS), exclude_none=True))
+
+
+def resolve(
+    registry: Registry,
+    loaded: LoadedFamily,
+    policy: str | Path | list | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> ResolvedConfig:
+    """Layers 1-5 of DESIGN.md; every problem is reported at once and nothing is half-resolved."""
+    entry = loaded.entry
+    values = flatten(entry.model_dump(include=set(KNOB_SECTIONS)))
+    explicit = flatten(entry.model_dump(include=set(KNOB_SECTIONS), exclude_unset=True))
+    family_source = Source(2, entry.family, loaded.path)
+    provenance = {k: family_source if k in explicit else Source(1, "") for k in values}
+    applied, problems = [], []
+    for bundled in registry.policies_for(entry.family):
+        problems += _layer(values, provenance, _policy_updates(bundled), Source(3, bundled.policy.policy, bundled.path), entry.family)
+        applied.append(bundled.policy.policy)
+    for user in _user_policies(policy):
+        if user.policy.applies(entry.family):
+            problems += _layer(values, provenance, _policy_updates(user), Source(4, user.policy.policy, user.path), entry.family)
+            applied.append(user.policy.policy)
+    problems += _layer(values, provenance, validate_overrides(overrides or {}), Source(5, ""), entry.family)
+    if problems:
+        raise RegistryError(f"cannot resolve family {entry.family!r}", problems)
+    merged = {**entry.model_dump(exclude=set(KNOB_SECTIONS)), **unflatten(values)}
+    resolved = FamilyEntry.model_validate(merged)
+    return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied)
+
+
+def _user_policies(policy: str | Path | list | None) -> list[LoadedPolicy]:
+    if policy is None:
+        return []
+    items = policy if isinstance(policy, (list, tuple)) else [policy]
+    return [p if isinstance(p, LoadedPolicy) else load_policy(p) for p in items]

@@ -1,0 +1,77 @@
+"""Resolves the names in a family entry (module, classes, functions) against the installed transformers."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import transformers
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from liger_registry.registry.errors import RegistryError
+from liger_registry.schemas import FamilyEntry
+
+
+def transformers_version() -> str:
+    return transformers.__version__
+
+
+def version_problem(entry: FamilyEntry) -> str | None:
+    installed = Version(transformers_version())
+    if installed.is_prerelease or installed.is_devrelease:
+        installed = Version(installed.base_version)
+    if installed not in SpecifierSet(entry.transformers):
+        return f"family {entry.family!r} supports transformers{entry.transformers}; installed is {transformers_version()}"
+    return None
+
+
+def import_module(name: str, family: str) -> ModuleType:
+    if not name.startswith("transformers."):
+        raise RegistryError(f"family {family!r}: refusing to import {name!r}: only modules under transformers.")
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise RegistryError(
+            f"family {family!r}: module {name} is not in the installed transformers {transformers_version()}: {exc}"
+        ) from exc
+
+
+def resolve_name(entry: FamilyEntry, name: str) -> tuple[ModuleType, str]:
+    """The module and attribute a target names: 'Class' in the family module, or 'transformers.mod:Class'."""
+    module_name, _, attr = name.rpartition(":")
+    module = import_module(module_name or entry.module, entry.family)
+    if not hasattr(module, attr):
+        raise RegistryError(
+            f"family {entry.family!r}: {module.__name__} has no {attr!r} in the installed transformers "
+            f"{transformers_version()}"
+        )
+    return module, attr
+
+
+def resolve_class(entry: FamilyEntry, name: str) -> type:
+    module, attr = resolve_name(entry, name)
+    value = getattr(module, attr)
+    if not isinstance(value, type):
+        raise RegistryError(f"family {entry.family!r}: {module.__name__}.{attr} is not a class")
+    return value
+
+
+def target_problems(entry: FamilyEntry) -> list[str]:
+    """Every name of the entry that does not resolve (for lint)."""
+    problems = []
+    names = [entry.causal_lm]
+    for kernel in entry.kernels.model_dump(exclude_none=True).values():
+        names += kernel.get("targets", [])
+    for name in names:
+        try:
+            resolve_class(entry, name)
+        except RegistryError as exc:
+            problems.append(str(exc))
+    rope = entry.kernels.rope
+    if rope is not None and rope.enabled:
+        try:
+            resolve_name(entry, rope.function)
+        except RegistryError as exc:
+            problems.append(str(exc))
+    return problems

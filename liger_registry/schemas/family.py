@@ -1,0 +1,96 @@
+"""Schema of one model family entry (`registry/families/<family>.yaml`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from pydantic import Field, PositiveInt, StrictBool, field_validator
+
+from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.kernels import KernelsSpec
+
+SkipLogitsMode = Literal["auto", "labels", "never"]
+_IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
+_MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+$")
+
+
+class FlceSpec(StrictModel):
+    """Fused linear cross entropy on the language-model head."""
+
+    enabled: StrictBool = Field(True, description="Compute the training loss without materialising logits.")
+    chunk_mem_const: PositiveInt = Field(
+        1, strict=True, description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks."
+    )
+    reason: str | None = Field(None, description="Why the knob has this value for this family.")
+
+
+class JsdSpec(StrictModel):
+    """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
+
+    chunk_mem_const: PositiveInt = Field(1, strict=True, description="Chunk constant of the distillation loss.")
+
+
+class HeadSpec(StrictModel):
+    """Where the head is and how its logits are post-processed."""
+
+    lm_head: str = Field("lm_head", description="Attribute of the causal LM holding the output projection.")
+    base_model: str = Field("model", description="Attribute of the causal LM holding the decoder.")
+    softcap_attr: str | None = Field(None, description="Config attribute of final-logit softcapping, if any.")
+    logit_scale_attr: str | None = Field(
+        None, description="Config attribute the logits are divided by (granite's logits_scaling), if any."
+    )
+    router_logits_from_config: StrictBool = Field(
+        True,
+        description="MoE: output_router_logits=None falls back to config.output_router_logits, as the original does.",
+    )
+    text_config_attr: str | None = Field(
+        None, description="Config attribute holding the language model's config (multimodal families)."
+    )
+
+
+class FamilyEntry(StrictModel):
+    """One model family: which forward to install and which kernels go where."""
+
+    family: str = Field(..., description="Family name; policies name families by it.")
+    model_types: list[str] = Field(..., min_length=1, description="config.model_type values this entry serves.")
+    module: str = Field(..., description="The transformers modeling module of the family.")
+    causal_lm: str = Field(..., description="Class in `module` whose forward is replaced.")
+    forward: str = Field("causal_lm", description="Name of a registered forward (never a dotted path).")
+    transformers: str = Field(">=5.17,<6", description="PEP 440 specifier of supported transformers versions.")
+    tested: list[str] = Field(default_factory=list, description="transformers versions the parity suite ran on.")
+    kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Kernels and their targets.")
+    flce: FlceSpec = Field(default_factory=FlceSpec, description="Fused linear cross entropy knobs.")
+    fused_linear_jsd: JsdSpec = Field(default_factory=JsdSpec, description="Distillation loss knobs.")
+    head: HeadSpec = Field(default_factory=HeadSpec, description="Head layout and logit post-processing.")
+    skip_logits: SkipLogitsMode = Field(
+        "auto", description="auto: skip in training with labels; labels: whenever labels; never: always logits."
+    )
+    reason: str | None = Field(None, description="Notes on the family printed by show and explain.")
+
+    @field_validator("family")
+    @classmethod
+    def _family_name(cls, value: str) -> str:
+        if not _IDENT.match(value):
+            raise ValueError("family must be lower-case letters, digits and underscores")
+        return value
+
+    @field_validator("module")
+    @classmethod
+    def _module_under_transformers(cls, value: str) -> str:
+        if not _MODULE.match(value):
+            raise ValueError("module must be a dotted path under 'transformers.' (no other code is imported)")
+        return value
+
+    @field_validator("transformers")
+    @classmethod
+    def _specifier(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier as exc:
+            raise ValueError(f"not a PEP 440 version specifier: {value!r}") from exc
+        return value
+
+
+KNOB_SECTIONS = ("kernels", "flce", "fused_linear_jsd", "skip_logits")

@@ -1,0 +1,99 @@
+"""Schemas of the per-kernel sections of a family entry (where each kernel goes, with which options)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
+
+from liger_registry.schemas.base import StrictModel
+
+CastingMode = Literal["llama", "gemma", "none"]
+_TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
+
+
+def check_targets(targets: list[str]) -> list[str]:
+    """A target is a class name in the family's module, or `transformers.<module>:<Class>`."""
+    for target in targets:
+        if not _TARGET.match(target):
+            raise ValueError(
+                f"target {target!r} must be a class name or 'transformers.<module>:<Class>' "
+                "(only modules under transformers may be named)"
+            )
+    return targets
+
+
+class KernelSpec(StrictModel):
+    """Fields every kernel section has."""
+
+    enabled: StrictBool = Field(True, description="Install this kernel. False keeps the original code.")
+    reason: str | None = Field(
+        None, description="Why the kernel is off, or why its tolerance differs; printed by show and explain."
+    )
+
+
+class ModuleKernelSpec(KernelSpec):
+    """A kernel that replaces the forward of module classes."""
+
+    targets: list[str] = Field(
+        ..., min_length=1, description="Module classes whose forward is replaced (class names in `module`)."
+    )
+
+    _check_targets = field_validator("targets")(check_targets)
+
+
+class RmsNormSpec(ModuleKernelSpec):
+    """RMSNorm: y = x / rms(x) * (offset + weight)."""
+
+    casting_mode: CastingMode = Field(
+        "llama",
+        description="llama: normalise in fp32, cast back, then scale; gemma: all in fp32; none: input dtype.",
+    )
+    offset: StrictFloat | StrictInt = Field(0.0, description="Added to the weight (Gemma stores weight - 1).")
+    eps_attr: str = Field("variance_epsilon", description="Attribute of the module that holds epsilon.")
+    weight_attr: str = Field("weight", description="Attribute of the module that holds the scale.")
+
+
+class GluSpec(ModuleKernelSpec):
+    """A gated MLP down(act(gate(x)) * up(x)) whose activation the fused kernel computes."""
+
+    gate: str = Field("gate_proj", description="Attribute of the MLP holding the gate projection.")
+    up: str = Field("up_proj", description="Attribute of the MLP holding the up projection.")
+    down: str = Field("down_proj", description="Attribute of the MLP holding the down projection.")
+    act_config_attr: str = Field(
+        "hidden_act", description="Config attribute naming the activation; checked against the kernel's."
+    )
+
+
+class LayerNormSpec(ModuleKernelSpec):
+    """LayerNorm with weight and bias."""
+
+    eps_attr: str = Field("eps", description="Attribute of the module that holds epsilon.")
+
+
+class RopeSpec(KernelSpec):
+    """Rotary embedding: a module-level function, so it can only be patched module-wide."""
+
+    function: str = Field("apply_rotary_pos_emb", description="Function name in the family's module.")
+
+
+class CrossEntropySpec(KernelSpec):
+    """Cross entropy on materialised logits: replaces transformers' loss helper module-wide."""
+
+    enabled: StrictBool = Field(False, description="Off by default: FLCE already covers the training loss.")
+    function: str = Field("fixed_cross_entropy", description="Function in transformers.loss.loss_utils.")
+
+
+class KernelsSpec(StrictModel):
+    """Which kernels a family gets; a kernel left out is not installed."""
+
+    rms_norm: RmsNormSpec | None = None
+    rope: RopeSpec | None = None
+    swiglu: GluSpec | None = None
+    geglu: GluSpec | None = None
+    layer_norm: LayerNormSpec | None = None
+    cross_entropy: CrossEntropySpec | None = None
+
+
+KERNEL_NAMES = tuple(KernelsSpec.model_fields)

@@ -1,0 +1,56 @@
+"""Schema of a policy file: an override layer for the families it names."""
+
+from __future__ import annotations
+
+from pydantic import Field, PositiveInt, StrictBool
+
+from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.family import SkipLogitsMode
+from liger_registry.schemas.kernels import CastingMode
+
+
+class KernelPatch(StrictModel):
+    """What a policy may change about one kernel."""
+
+    enabled: StrictBool | None = Field(None, description="Turn the kernel on or off.")
+    casting_mode: CastingMode | None = Field(None, description="RMSNorm casting mode.")
+    reason: str | None = Field(None, description="Why.")
+
+
+class KernelsPatch(StrictModel):
+    """Per-kernel changes."""
+
+    rms_norm: KernelPatch | None = None
+    rope: KernelPatch | None = None
+    swiglu: KernelPatch | None = None
+    geglu: KernelPatch | None = None
+    layer_norm: KernelPatch | None = None
+    cross_entropy: KernelPatch | None = None
+
+
+class FlcePatch(StrictModel):
+    """FLCE knobs a policy may set."""
+
+    enabled: StrictBool | None = Field(None, description="Use FLCE for the training loss.")
+    chunk_mem_const: PositiveInt | None = Field(None, strict=True, description="FLCE chunk constant C.")
+
+
+class JsdPatch(StrictModel):
+    """Distillation-loss knobs a policy may set."""
+
+    chunk_mem_const: PositiveInt | None = Field(None, strict=True, description="JSD chunk constant.")
+
+
+class PolicyFile(StrictModel):
+    """An override layer: each knob it sets wins over the family entry for the families in applies_to."""
+
+    policy: str = Field(..., description="Policy name, shown as the provenance of what it sets.")
+    applies_to: list[str] = Field(..., min_length=1, description="Family names it applies to; '*' for all.")
+    reason: str = Field(..., description="Why the policy exists.")
+    kernels: KernelsPatch | None = None
+    flce: FlcePatch | None = None
+    fused_linear_jsd: JsdPatch | None = None
+    skip_logits: SkipLogitsMode | None = None
+
+    def applies(self, family: str) -> bool:
+        return "*" in self.applies_to or family in self.applies_to
