@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, PositiveInt, StrictBool, field_validator
@@ -68,6 +68,11 @@ class FamilyEntry(StrictModel):
         "auto", description="auto: skip in training with labels; labels: whenever labels; never: always logits."
     )
     reason: str | None = Field(None, description="Notes on the family printed by show and explain.")
+    tiny_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Config values (over liger_registry.testing's small defaults) of the tiny model that "
+        "`lint --deep` and the parity suite build for this family.",
+    )
 
     @field_validator("family")
     @classmethod
