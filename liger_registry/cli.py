@@ -1,0 +1,112 @@
+"""The `liger-registry` command: lint, list, show, explain, schema, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from liger_registry.console import print_table
+from liger_registry.registry import RegistryError, UnsupportedModelError, explain, load_registry
+from liger_registry.schemas import FamilyEntry, PolicyFile
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="liger-registry", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    lint = sub.add_parser("lint", help="check forwards, YAML files and targets")
+    lint.add_argument("--deep", action="store_true", help="also run each family's tiny model through skip_logits")
+    lint.add_argument("--format", choices=["text", "json"], default="text")
+    lint.add_argument("--registry", action="append", default=[], metavar="DIR", help="extra YAML directory")
+    sub.add_parser("list", help="families, their kernels and tested transformers versions").add_argument(
+        "--registry", action="append", default=[], metavar="DIR"
+    )
+    show = sub.add_parser("show", help="one family entry, resolved")
+    show.add_argument("family")
+    show.add_argument("--registry", action="append", default=[], metavar="DIR")
+    exp = sub.add_parser("explain", help="resolved configuration of a model type, with provenance")
+    exp.add_argument("model_type")
+    exp.add_argument("--policy", action="append", metavar="FILE")
+    schema = sub.add_parser("schema", help="JSON Schema of the YAML files")
+    schema.add_argument("--kind", choices=["family", "policy", "all"], default="all")
+    demo = sub.add_parser("demo", help="train a tiny Llama unpatched and patched")
+    demo.add_argument("--steps", type=int, default=5)
+    return parser
+
+
+def _lint(args) -> int:
+    from liger_registry.lint import lint
+
+    findings = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    if args.format == "json":
+        print(json.dumps({"ok": not findings, "findings": [f.as_dict() for f in findings]}, indent=2))
+    elif findings:
+        print("\n".join(map(str, findings)))
+        print(f"{len(findings)} finding(s)")
+    else:
+        print(f"well-formed: {len(load_registry(*args.registry).families)} families, all checks pass"
+              + (" (deep)" if args.deep else ""))
+    return 1 if findings else 0
+
+
+def _kernels(entry: FamilyEntry) -> tuple[str, str]:
+    on = [k for k, s in entry.kernels if s is not None and s.enabled]
+    off = [k for k, s in entry.kernels if s is not None and not s.enabled]
+    (on if entry.flce.enabled else off).append("flce")
+    return ", ".join(on), ", ".join(off) or "-"
+
+
+def _list(args) -> int:
+    registry = load_registry(*args.registry)
+    rows = []
+    for name, loaded in sorted(registry.families.items()):
+        on, off = _kernels(loaded.entry)
+        rows.append([name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"])
+    print_table(["family", "model types", "kernels", "off", "transformers tested"], rows)
+    return 0
+
+
+def _show(args) -> int:
+    loaded = load_registry(*args.registry).family(args.family)
+    print(f"# {loaded.path}")
+    print(yaml.safe_dump(loaded.entry.model_dump(exclude_none=True), sort_keys=False).rstrip())
+    return 0
+
+
+def _explain(args) -> int:
+    print(explain(args.model_type, policy=args.policy))
+    return 0
+
+
+def _schema(args) -> int:
+    schemas = {"family": FamilyEntry.model_json_schema(), "policy": PolicyFile.model_json_schema()}
+    print(json.dumps(schemas if args.kind == "all" else schemas[args.kind], indent=2))
+    return 0
+
+
+def _demo(args) -> int:
+    from liger_registry.demo import run_demo
+
+    run_demo(steps=args.steps)
+    return 0
+
+
+COMMANDS = {"lint": _lint, "list": _list, "show": _show, "explain": _explain, "schema": _schema, "demo": _demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and 2
+    try:
+        return COMMANDS[args.command](args)
+    except (RegistryError, UnsupportedModelError) as exc:
+        print(f"liger-registry: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

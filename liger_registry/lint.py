@@ -1,0 +1,149 @@
+"""Proves that every forward honours skip_logits, every YAML file validates and every target resolves."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from liger_registry.forwards import get_forward, registered_forwards
+from liger_registry.registry.applier import apply
+from liger_registry.registry.errors import RegistryError, UnsupportedModelError
+from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
+from liger_registry.registry.targets import resolve_class, target_problems, version_problem
+
+P = inspect.Parameter
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem the lint found."""
+
+    check: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: [{self.check}] {self.message}"
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def _name(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _accepts(params: dict[str, P], original: P) -> bool:
+    if original.name in params and params[original.name].kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
+        return True
+    kinds = {p.kind for p in params.values()}
+    if original.kind is P.POSITIONAL_OR_KEYWORD:
+        return P.VAR_POSITIONAL in kinds and P.VAR_KEYWORD in kinds
+    if original.kind is P.POSITIONAL_ONLY or original.kind is P.VAR_POSITIONAL:
+        return P.VAR_POSITIONAL in kinds
+    return P.VAR_KEYWORD in kinds
+
+
+def lint_forward(fn: Callable, original: Callable | None = None) -> list[Finding]:
+    """Findings for one forward: skip_logits must be a named parameter; every parameter of `original`
+    must be accepted (by name, or by *args and **kwargs that the forward binds against the original)."""
+    where = _name(fn)
+    params = dict(inspect.signature(fn).parameters)
+    findings = []
+    skip = params.get("skip_logits")
+    if skip is None or skip.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
+        findings.append(Finding("skip-logits", where, "skip_logits is not a named parameter (only **kwargs would take it)"))
+    elif skip.default is not None:
+        findings.append(Finding("skip-logits", where, f"skip_logits must default to None, not {skip.default!r}"))
+    if original is not None:
+        for param in list(inspect.signature(original).parameters.values())[1:]:
+            if not _accepts(params, param):
+                findings.append(
+                    Finding("signature", where, f"does not accept {param.name!r} of {_name(original)}")
+                )
+    return findings
+
+
+def _family_findings(loaded: LoadedFamily) -> list[Finding]:
+    entry, where = loaded.entry, str(loaded.path)
+    findings = [Finding("targets", where, p) for p in target_problems(entry)]
+    if problem := version_problem(entry):
+        findings.append(Finding("version", where, problem))
+    try:
+        spec = get_forward(entry.forward)
+    except KeyError as exc:
+        return [*findings, Finding("forward", where, str(exc.args[0]))]
+    if not findings:
+        original = resolve_class(entry, entry.causal_lm).forward
+        findings += lint_forward(spec.fn, original)
+    return findings
+
+
+def lint(deep: bool = False, registry_dirs: tuple = (), registry: Registry | None = None) -> list[Finding]:
+    """All findings over the registry; `deep` also runs each family's tiny model through skip_logits."""
+    findings = [f for spec in registered_forwards().values() for f in lint_forward(spec.fn)]
+    try:
+        registry = registry or load_registry(*registry_dirs)
+    except RegistryError as exc:
+        return findings + [Finding("yaml", "registry", p) for p in exc.problems or [str(exc)]]
+    for loaded in registry.families.values():
+        family_findings = _family_findings(loaded)
+        findings += family_findings
+        if deep and not family_findings:
+            findings += deep_check(loaded, registry)
+    return findings
+
+
+def _loss_close(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return a is not None and b is not None and torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5)
+
+
+def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
+    """Build the family's tiny model and check the four skip_logits behaviours at run time."""
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    where, mode = f"{loaded.path} (deep)", loaded.entry.skip_logits
+    try:
+        model = tiny_model(loaded.entry.model_types[0], registry=registry)
+    except (ValueError, KeyError, UnsupportedModelError, RuntimeError, TypeError) as exc:
+        return [Finding("deep", where, f"cannot build a tiny model: {exc}")]
+    batch = tiny_batch(model)
+    with torch.no_grad():
+        reference = model(**batch).loss
+    handle = apply(model, registry=registry)
+    try:
+        return [Finding("deep", where, m) for m in _skip_logits_problems(model, batch, reference, mode)]
+    finally:
+        handle.revert()
+
+
+def _skip_logits_problems(model, batch, reference, mode: str) -> list[str]:
+    problems = []
+    no_labels = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        model.train()
+        default = model(**batch)
+        if (default.logits is None) != (mode in ("auto", "labels")):
+            problems.append(f"training with labels and skip_logits=None (mode {mode}): logits {'missing' if default.logits is None else 'returned'}")
+        kept = model(**batch, skip_logits=False)
+        if kept.logits is None:
+            problems.append("skip_logits=False in training mode returned no logits")
+        skipped = model(**batch, skip_logits=True)
+        if skipped.logits is not None:
+            problems.append("skip_logits=True returned logits")
+        for label, out in (("skip_logits=None", default), ("skip_logits=False", kept), ("skip_logits=True", skipped)):
+            if not _loss_close(out.loss, reference):
+                problems.append(f"{label}: loss {out.loss} differs from the unpatched loss {reference}")
+        try:
+            model(**no_labels, skip_logits=True)
+            problems.append("skip_logits=True without labels did not raise ValueError")
+        except ValueError:
+            pass
+        model.eval()
+        evaluated = model(**batch)
+        if (evaluated.logits is None) != (mode == "labels"):
+            problems.append(f"eval with labels and skip_logits=None (mode {mode}): logits {'missing' if evaluated.logits is None else 'returned'}")
+    return problems
