@@ -22,15 +22,44 @@ from .op import (
     why_not_triton,
 )
 
-register(Op("fused_linear_cross_entropy", torch_impl=fused_linear_cross_entropy))
-register(Op("fused_linear_jsd", torch_impl=fused_linear_jsd))
-register(Op("cross_entropy", torch_impl=cross_entropy_torch))
-register(Op("rms_norm", torch_impl=reference.rms_norm_torch))
-register(Op("layer_norm", torch_impl=reference.layer_norm_torch))
-register(Op("rope", torch_impl=reference.rope_torch))
-register(Op("swiglu", torch_impl=reference.swiglu_torch))
-register(Op("geglu", torch_impl=reference.geglu_torch))
+try:
+    from . import custom_ops as _cops
+    from . import custom_ops_loss as _lops
 
+    _TRITON = True
+except ImportError:  # pragma: no cover - triton missing (non-Linux): torch only
+    _cops = _lops = None
+    _TRITON = False
+
+
+def _t(name: str):
+    if not _TRITON:
+        return None
+    return getattr(_cops, name, None) or getattr(_lops, name)
+
+
+def _max_cols(limit: int = 65536):
+    def check(x, *args, **kwargs):
+        h = x.shape[-1] if isinstance(x, torch.Tensor) and x.dim() else 0
+        return [f"last dimension {h} > {limit} not supported by the row kernel"] if h > limit else []
+
+    return check
+
+
+
+
+
+register(Op("fused_linear_cross_entropy", torch_impl=fused_linear_cross_entropy,
+            triton_impl=fused_linear_cross_entropy if _TRITON else None))
+register(Op("fused_linear_jsd", torch_impl=fused_linear_jsd, triton_impl=fused_linear_jsd if _TRITON else None))
+register(Op("cross_entropy", torch_impl=cross_entropy_torch, triton_impl=_t("cross_entropy_triton")))
+register(Op("rms_norm", torch_impl=reference.rms_norm_torch, triton_impl=_t("rms_norm_triton"),
+            extra_check=_max_cols()))
+register(Op("layer_norm", torch_impl=reference.layer_norm_torch, triton_impl=_t("layer_norm_triton"),
+            extra_check=_max_cols()))
+register(Op("rope", torch_impl=reference.rope_torch, triton_impl=_t("rope_triton")))
+register(Op("swiglu", torch_impl=reference.swiglu_torch, triton_impl=_t("swiglu_triton")))
+register(Op("geglu", torch_impl=reference.geglu_torch, triton_impl=_t("geglu_triton")))
 
 def cross_entropy(
     logits: torch.Tensor,
@@ -62,14 +91,27 @@ def cross_entropy(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0, casting_mode: str = "llama"
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+    *,
+    in_place_backward: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last dim; casting modes ``llama`` | ``gemma`` | ``none`` (see
-    :func:`reference.rms_norm_torch` for what each means and why it exists)."""
+    :func:`reference.rms_norm_torch` for what each means and why it exists).
+
+    ``in_place_backward=True`` lets the Triton backward overwrite the incoming gradient with dx (saves one
+    activation-sized buffer). Off by default: it is only safe when nothing else reads that gradient tensor,
+    and autograd may hand the same tensor to several consumers (e.g. both inputs of an ``add``)."""
     reference.check_casting_mode(casting_mode)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    return OPS["rms_norm"](x, weight, eps, offset, casting_mode)
+    op = OPS["rms_norm"]
+    if op.choose(x, weight, eps, offset, casting_mode) == "triton":
+        return op.triton_impl(x, weight, eps, offset, casting_mode, in_place_backward)
+    return op.torch_impl(x, weight, eps, offset, casting_mode)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -94,6 +94,7 @@ def ce_rows_torch(
     z_grad_scale: torch.Tensor | float,
     row_grad: torch.Tensor | None,
     compute_grad: bool,
+    argmax_mode: int = 2,
 ):
     """Loss rows of a logits chunk; with ``compute_grad`` the chunk is overwritten with d loss / d raw logits.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -55,6 +56,35 @@ def _ce_rows(backend: str):
     return ce_torch.ce_rows_torch
 
 
+def _addmm_dw(dw: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
+    """dw += g.T @ h, written straight into the accumulator (fp32 accumulation without upcast copies)."""
+    if dw.dtype == g.dtype == h.dtype:
+        dw.addmm_(g.t(), h)
+        return
+    if dw.is_cuda and dw.dtype == torch.float32 and g.dtype == h.dtype and g.dtype in (torch.float16, torch.bfloat16):
+        try:
+            torch.addmm(dw, g.t(), h, out_dtype=torch.float32, out=dw)
+            return
+        except (TypeError, RuntimeError):
+            pass
+    dw.addmm_(g.t().to(dw.dtype), h.to(dw.dtype))
+
+
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SIDE_STREAMS:
+        _SIDE_STREAMS[key] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[key]
+
+
+def _overlap_streams(device: torch.device) -> bool:
+    """dX GEMM (compute-bound) and dW addmm (memory-bound at small chunks) on two streams; on by default on CUDA."""
+    return device.type == "cuda" and os.environ.get("LIGER_REGISTRY_FLCE_OVERLAP", "1") != "0"
+
+
 def flce_compute(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -75,41 +105,45 @@ def flce_compute(
     need_db: bool,
     row_grad: torch.Tensor | None = None,
     backend: str = "torch",
+    argmax_mode: int = 2,
 ):
-    """One pass over the chunks. Returns ``(loss, z_loss, n_correct_rows, argmax, dh, dw, db)``.
+    """One pass over the chunks. Returns ``(loss, z_loss, n_correct, argmax, dh, dw, db)``.
 
-    ``loss``/``z_loss`` are reduced (or per token for ``none``); gradients are those of ``loss``
-    (times ``row_grad`` per token when given), ``None`` where not needed. One logits buffer is reused.
+    ``loss``/``z_loss`` are reduced (or per token for ``none``); gradients are those of ``loss`` (times
+    ``row_grad`` per token when given), ``None`` where not needed. One logits buffer is reused for every
+    chunk; the CE kernel overwrites it with the logits gradient (scaling fused in), dX chunks are written
+    straight into the output and dW is accumulated by ``addmm`` into one accumulator.
     """
     n, h = hidden.shape
     v = weight.shape[0]
     device = hidden.device
-    w_dt = weight.to(hidden.dtype)  # the GEMMs run in hidden's dtype (autocast-style); dW keeps weight's dtype
+    w_dt = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
     valid, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
     if reduction == "mean":
-        one = torch.ones((), dtype=torch.float32, device=device)
-        ce_scale = one / denom.clamp(min=1e-30) if class_weights is not None else one / n_valid.clamp(min=1.0)
-        z_scale = one / n_valid.clamp(min=1.0)
-        ce_scale = torch.where(denom > 0, ce_scale, torch.zeros_like(ce_scale))
+        ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
+        z_scale = 1.0 / n_valid.clamp(min=1.0)
     else:
         ce_scale = 1.0
         z_scale = 1.0
     chunk, nchunks = flce_chunk_geometry(n, h, v, chunk_mem_const)
-    ce_all = torch.zeros(n, dtype=torch.float32, device=device)
-    z_all = torch.zeros(n, dtype=torch.float32, device=device)
+    ce_all = torch.empty(n, dtype=torch.float32, device=device)
+    z_all = torch.empty(n, dtype=torch.float32, device=device)
     argmax_all = torch.zeros(n, dtype=torch.long, device=device)
     compute_grad = need_dh or need_dw or need_db
-    dh = torch.empty(hidden.shape, dtype=hidden.dtype, device=device) if need_dh else None
+    dh = torch.empty((n, h), dtype=hidden.dtype, device=device) if need_dh else None
     acc_dtype = accum_dtype if accum_dtype is not None else weight.dtype
     dw = torch.zeros(weight.shape, dtype=acc_dtype, device=device) if need_dw else None
     db = torch.zeros(v, dtype=torch.float32, device=device) if need_db else None
     ce_rows = _ce_rows(backend)
-    buf = None
+    overlap = compute_grad and need_dh and need_dw and _overlap_streams(device)
+    if overlap:
+        main = torch.cuda.current_stream(device)
+        side = _side_stream(device)
+    buf_full = torch.empty((chunk, v), dtype=hidden.dtype, device=device) if n else None
     for i in range(nchunks):
         s, e = i * chunk, min((i + 1) * chunk, n)
         h_c = hidden[s:e]
-        if buf is None or buf.shape[0] != e - s:
-            buf = torch.empty((e - s, v), dtype=hidden.dtype, device=device) if buf is None else buf[: e - s]
+        buf = buf_full[: e - s]
         if bias is not None:
             torch.addmm(bias.to(hidden.dtype), h_c, w_dt.t(), out=buf)
         else:
@@ -127,21 +161,34 @@ def flce_compute(
             z_grad_scale=z_scale,
             row_grad=None if row_grad is None else row_grad[s:e],
             compute_grad=compute_grad,
+            argmax_mode=argmax_mode,
         )
         ce_all[s:e] = ce_c
         z_all[s:e] = z_c
-        argmax_all[s:e] = am_c
+        if argmax_mode:
+            argmax_all[s:e] = am_c
         if not compute_grad:
+            continue
+        if overlap:
+            # dX on a side stream while dW's addmm (memory-bound at small chunks) runs on the main one; both only
+            # read the gradient buffer, and the next chunk's logits GEMM waits for the side stream.
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                torch.mm(buf, w_dt, out=dh[s:e])
+            _addmm_dw(dw, buf, h_c)
+            if need_db:
+                db += buf.sum(0, dtype=torch.float32)
+            main.wait_stream(side)
             continue
         if need_dh:
             torch.mm(buf, w_dt, out=dh[s:e])
         if need_dw:
-            if dw.dtype == buf.dtype:
-                dw.addmm_(buf.t(), h_c)
-            else:
-                dw.addmm_(buf.t().to(dw.dtype), h_c.to(dw.dtype))
+            _addmm_dw(dw, buf, h_c)
         if need_db:
             db += buf.sum(0, dtype=torch.float32)
+    if overlap and buf_full is not None:
+        buf_full.record_stream(side)
+        dh.record_stream(side)
     if reduction == "none":
         loss, z_loss = ce_all + z_all, z_all
     elif reduction == "sum":
@@ -161,11 +208,13 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     """Autograd Function of FLCE. Stable positional signature; new arguments go last, with defaults:
 
     ``(hidden, weight, target, bias, ignore_index, label_smoothing, softcap, logit_scale, lse_square_scale,
-    reduction, class_weights, accum_dtype, chunk_mem_const, backend)`` -> ``(loss, z_loss, n_correct, argmax)``.
+    reduction, class_weights, accum_dtype, chunk_mem_const, backend, argmax_mode)``
+    -> ``(loss, z_loss, n_correct, argmax)``.
 
     For ``mean``/``sum`` the forward computes the gradients chunk by chunk and the backward only scales them by
-    ``grad_output``; for ``none`` the forward keeps the inputs and the backward recomputes per chunk with the
-    per-token ``grad_output`` (the only exact way without storing [N, V]).
+    ``grad_output`` (in place; call backward once); for ``none`` the forward keeps the inputs and the backward
+    recomputes per chunk with the per-token ``grad_output`` (the only exact way without storing [N, V]).
+    The work happens in ``torch.ops.liger_registry.flce_forward``, an opaque custom op for torch.compile.
     """
 
     @staticmethod
@@ -185,74 +234,45 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         accum_dtype=None,
         chunk_mem_const=1,
         backend="torch",
+        argmax_mode=2,
     ):
+        from .custom_ops_loss import flce_forward
+
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_db = bias is not None and ctx.needs_input_grad[3]
-        opts = dict(
-            ignore_index=ignore_index,
-            label_smoothing=label_smoothing,
-            softcap=softcap,
-            logit_scale=logit_scale,
-            lse_square_scale=lse_square_scale,
-            reduction=reduction,
-            class_weights=class_weights,
-            accum_dtype=accum_dtype,
-            chunk_mem_const=chunk_mem_const,
-            backend=backend,
-        )
         eager = reduction != "none"
-        loss, z_loss, n_correct, argmax, dh, dw, db = flce_compute(
-            hidden,
-            weight,
-            target,
-            bias,
-            need_dh=need_dh and eager,
-            need_dw=need_dw and eager,
-            need_db=need_db and eager,
-            **opts,
+        opts = (ignore_index, label_smoothing, softcap, logit_scale, lse_square_scale, reduction, accum_dtype,
+                chunk_mem_const)
+        loss, z_loss, n_correct, argmax, dh, dw, db = flce_forward(
+            hidden, weight, target, bias, class_weights, None, *opts,
+            need_dh and eager, need_dw and eager, need_db and eager, argmax_mode, backend,
         )
-        ctx.reduction = reduction
+        ctx.eager = eager
         ctx.flags = (need_dh, need_dw, need_db)
+        ctx.opts = opts
+        ctx.backend = backend
         if eager:
             ctx.save_for_backward(dh, dw, db)
         else:
-            ctx.opts = opts
             ctx.save_for_backward(hidden, weight, target, bias, class_weights)
         ctx.mark_non_differentiable(z_loss, n_correct, argmax)
         return loss, z_loss, n_correct, argmax
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
+        from .custom_ops_loss import flce_forward, flce_scale_grads_
+
         need_dh, need_dw, need_db = ctx.flags
-        if ctx.reduction != "none":
+        if ctx.eager:
             dh, dw, db = ctx.saved_tensors
-            go = grad_loss
-            if go is not None and not bool(torch.equal(go, torch.ones_like(go))):
-                dh = dh * go.to(dh.dtype) if dh is not None else None
-                dw = dw * go.to(dw.dtype) if dw is not None else None
-                db = db * go.to(db.dtype) if db is not None else None
+            flce_scale_grads_(dh, dw, db, grad_loss)
         else:
             hidden, weight, target, bias, class_weights = ctx.saved_tensors
-            opts = dict(ctx.opts)
-            opts["class_weights"] = class_weights
-            _, _, _, _, dh, dw, db = flce_compute(
-                hidden,
-                weight,
-                target,
-                bias,
-                need_dh=need_dh,
-                need_dw=need_dw,
-                need_db=need_db,
-                row_grad=grad_loss,
-                **opts,
+            _, _, _, _, dh, dw, db = flce_forward(
+                hidden, weight, target, bias, class_weights, grad_loss, *ctx.opts,
+                need_dh, need_dw, need_db, 0, ctx.backend,
             )
-        return (dh, dw, None, db) + (None,) * 10
-
-
-def _flce_backend(hidden: torch.Tensor, weight: torch.Tensor) -> str:
-    from .op import OPS
-
-    return OPS["fused_linear_cross_entropy"].choose(hidden, weight)
+        return (dh if need_dh else None, dw if need_dw else None, None, db if need_db else None) + (None,) * 11
 
 
 def fused_linear_cross_entropy(
@@ -284,8 +304,12 @@ def fused_linear_cross_entropy(
     Returns the loss, or :class:`FLCEOutput` when any ``return_*`` flag is set (``token_accuracy`` is the
     fraction of non-ignored tokens whose argmax is the target; ``predicted_tokens`` the argmax of every row).
     """
+    from .op import OPS
+
     ce_torch.check_ce_options(label_smoothing, softcap, reduction)
     check_chunk_mem_const(chunk_mem_const)
+    if not float(logit_scale) > 0.0:
+        raise ValueError(f"logit_scale must be > 0, got {logit_scale}")
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
@@ -297,7 +321,8 @@ def fused_linear_cross_entropy(
     if class_weights is not None and class_weights.shape != (weight.shape[0],):
         raise ValueError(f"class_weights must be [V]={weight.shape[0]}; got {tuple(class_weights.shape)}")
     requested_backend()
-    backend = _flce_backend(hidden, weight)
+    backend = OPS["fused_linear_cross_entropy"].choose(hidden, weight)
+    argmax_mode = 2 if return_predicted_tokens else (1 if return_token_accuracy else 0)
     loss, z_loss, n_correct, argmax = FusedLinearCrossEntropyFunction.apply(
         hidden,
         weight,
@@ -313,6 +338,7 @@ def fused_linear_cross_entropy(
         accum_dtype,
         chunk_mem_const,
         backend,
+        argmax_mode,
     )
     if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
         return loss

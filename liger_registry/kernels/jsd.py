@@ -62,54 +62,66 @@ def _jsd_rows(backend: str):
     return jsd_rows_torch
 
 
+def fljsd_compute(sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend):
+    """One pass over token chunks: (mean loss, d loss/d student hidden, d loss/d student weight)."""
+    n, h = sh.shape
+    v = sw.shape[0]
+    valid = torch.ones(n, dtype=torch.bool, device=sh.device) if target is None else target != ignore_index
+    n_valid = valid.sum().to(torch.float32)
+    scale = torch.where(n_valid > 0, 1.0 / n_valid.clamp(min=1.0), torch.zeros_like(n_valid))
+    chunk, nchunks = flce_chunk_geometry(n, max(h, th.shape[1]), v, chunk_mem_const)
+    dh = torch.empty(sh.shape, dtype=sh.dtype, device=sh.device) if need_dh else None
+    dw = torch.zeros(sw.shape, dtype=sw.dtype, device=sw.device) if need_dw else None
+    sw_c = sw if sw.dtype == sh.dtype else sw.to(sh.dtype)
+    tw_c = tw if tw.dtype == th.dtype else tw.to(th.dtype)
+    rows = _jsd_rows(backend)
+    total = torch.zeros((), dtype=torch.float32, device=sh.device)
+    s_buf = t_buf = None
+    for i in range(nchunks):
+        s, e = i * chunk, min((i + 1) * chunk, n)
+        if s_buf is None:
+            s_buf = torch.empty((chunk, v), dtype=sh.dtype, device=sh.device)
+            t_buf = torch.empty((chunk, v), dtype=th.dtype, device=th.device)
+        sb, tb = s_buf[: e - s], t_buf[: e - s]
+        torch.mm(sh[s:e], sw_c.t(), out=sb)
+        torch.mm(th[s:e], tw_c.t(), out=tb)
+        loss_rows = rows(
+            sb, tb, valid[s:e], beta=beta, temperature=temperature, grad_scale=scale, compute_grad=need_dh or need_dw
+        )
+        total += loss_rows.sum()
+        if need_dh:
+            torch.mm(sb, sw_c, out=dh[s:e])
+        if need_dw:
+            if dw.dtype == sb.dtype:
+                dw.addmm_(sb.t(), sh[s:e])
+            else:
+                dw.addmm_(sb.t().to(dw.dtype), sh[s:e].to(dw.dtype))
+    return total * scale, dh, dw
+
+
 class FusedLinearJSDFunction(torch.autograd.Function):
     """``(student_hidden, student_weight, teacher_hidden, teacher_weight, target, jsd_beta, temperature,
-    ignore_index, chunk_mem_const, backend)`` -> scalar loss. Gradients computed in forward, scaled in backward."""
+    ignore_index, chunk_mem_const, backend)`` -> scalar loss. Gradients computed in forward (custom op
+    ``liger_registry::fljsd_forward``), scaled by grad_output in backward."""
 
     @staticmethod
     def forward(ctx, sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, backend):
-        n, h = sh.shape
-        v = sw.shape[0]
+        from .custom_ops_loss import fljsd_forward
+
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        valid = (
-            torch.ones(n, dtype=torch.bool, device=sh.device) if target is None else target != ignore_index
+        loss, dh, dw = fljsd_forward(
+            sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend
         )
-        n_valid = valid.sum().to(torch.float32)
-        scale = torch.where(n_valid > 0, 1.0 / n_valid.clamp(min=1.0), torch.zeros_like(n_valid))
-        chunk, nchunks = flce_chunk_geometry(n, max(h, th.shape[1]), v, chunk_mem_const)
-        dh = torch.empty(sh.shape, dtype=sh.dtype, device=sh.device) if need_dh else None
-        dw = torch.zeros(sw.shape, dtype=sw.dtype, device=sw.device) if need_dw else None
-        sw_c, tw_c = sw.to(sh.dtype), tw.to(th.dtype)
-        rows = _jsd_rows(backend)
-        total = torch.zeros((), dtype=torch.float32, device=sh.device)
-        for i in range(nchunks):
-            s, e = i * chunk, min((i + 1) * chunk, n)
-            s_buf = sh[s:e] @ sw_c.t()
-            t_buf = th[s:e] @ tw_c.t()
-            loss_rows = rows(
-                s_buf,
-                t_buf,
-                valid[s:e],
-                beta=beta,
-                temperature=temperature,
-                grad_scale=scale,
-                compute_grad=need_dh or need_dw,
-            )
-            total += loss_rows.sum()
-            if need_dh:
-                torch.mm(s_buf, sw_c, out=dh[s:e])
-            if need_dw:
-                dw.addmm_(s_buf.t().to(dw.dtype), sh[s:e].to(dw.dtype))
+        ctx.flags = (need_dh, need_dw)
         ctx.save_for_backward(dh, dw)
-        return total * scale
+        return loss
 
     @staticmethod
     def backward(ctx, go):
         dh, dw = ctx.saved_tensors
-        if dh is not None:
-            dh = dh * go.to(dh.dtype)
-        if dw is not None:
-            dw = dw * go.to(dw.dtype)
+        need_dh, need_dw = ctx.flags
+        dh = dh * go.to(dh.dtype) if need_dh else None
+        dw = dw * go.to(dw.dtype) if need_dw else None
         return dh, dw, None, None, None, None, None, None, None, None
 
 

@@ -41,7 +41,11 @@ def _tensors(args: Iterable[object]) -> list[torch.Tensor]:
 
 
 def _interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    try:
+        from .triton_utils import INTERPRET_AT_IMPORT
+    except ImportError:  # pragma: no cover - no triton
+        return False
+    return INTERPRET_AT_IMPORT
 
 
 def common_reasons(
@@ -69,7 +73,10 @@ def common_reasons(
         if backend == "auto":
             reasons.append("tensor on cpu and backend is auto")
         elif not _interpreter_on():
-            reasons.append("tensor on cpu and TRITON_INTERPRET is not set (set it before triton is imported)")
+            reasons.append(
+                "tensor on cpu and the Triton kernels were not loaded in interpreter mode "
+                "(set TRITON_INTERPRET=1 before triton and liger_registry are imported)"
+            )
     return reasons
 
 

@@ -86,3 +86,63 @@ def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def geglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``gelu(gate, approximate="tanh") * up``."""
     return F.gelu(gate, approximate="tanh") * up
+
+
+# ------------------------------------------------------------------ explicit backwards (torch), the formulas
+# the Triton kernels implement; used by the custom ops when they run with the torch backend (autograd is
+# not recording inside a custom op's implementation).
+def rms_norm_bwd_torch(dy, x, weight, eps: float, offset: float, casting_mode: str, need_dw: bool):
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = xf * rstd
+    dyf = dy.float()
+    dxhat = dyf * (offset + weight.float())
+    dx = rstd * (dxhat - xhat * (dxhat * xhat).mean(-1, keepdim=True))
+    dw = None
+    if need_dw:
+        xh = xhat.to(x.dtype).float() if casting_mode == "llama" else xhat
+        dw = (dyf * xh).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+    return dx.to(x.dtype), dw
+
+
+def layer_norm_bwd_torch(dy, x, weight, bias, eps: float, need_dw: bool, need_db: bool):
+    xf = x.float()
+    var, mean = torch.var_mean(xf, -1, keepdim=True, unbiased=False)
+    rstd = torch.rsqrt(var + eps)
+    xhat = (xf - mean) * rstd
+    dyf = dy.float()
+    wdy = dyf * weight.float()
+    dx = (wdy - xhat * (xhat * wdy).mean(-1, keepdim=True) - wdy.mean(-1, keepdim=True)) * rstd
+    h = x.shape[-1]
+    dw = (dyf * xhat).reshape(-1, h).sum(0).to(weight.dtype) if need_dw else None
+    db = dyf.reshape(-1, h).sum(0).to(weight.dtype) if (need_db and bias is not None) else None
+    return dx.to(x.dtype), dw, db
+
+
+def rope_bwd_torch(dq, dk, cos, sin):
+    """Transpose of the rotation: with halves (1, 2), dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1."""
+    cos = cos.unsqueeze(1).float()
+    sin = sin.unsqueeze(1).float()
+    half = cos.shape[-1] // 2
+
+    def back(dy):
+        d = dy.float()
+        d1, d2 = d[..., :half], d[..., half:]
+        c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
+        return torch.cat((d1 * c1 + d2 * s2, d2 * c2 - d1 * s1), -1).to(dy.dtype)
+
+    return back(dq), back(dk)
+
+
+def glu_bwd_torch(dc, gate, up, kind: int):
+    a, b, d = gate.float(), up.float(), dc.float()
+    if kind == 0:
+        sig = torch.sigmoid(a)
+        act = a * sig
+        dact = sig * (1 + a * (1 - sig))
+    else:
+        k = 0.7978845608028654
+        t = torch.tanh(k * (a + 0.044715 * a**3))
+        act = 0.5 * a * (1 + t)
+        dact = 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * k * (1 + 3 * 0.044715 * a * a)
+    return (d * b * dact).to(gate.dtype), (d * act).to(up.dtype)

@@ -1,0 +1,172 @@
+"""``torch.library`` custom ops of the losses: cross entropy rows, FLCE forward/backward, fused linear JSD."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import ce_torch
+from .custom_ops import NS, _use_torch
+
+
+def _ce_rows(logits: Tensor):
+    if _use_torch(logits):
+        return ce_torch.ce_rows_torch
+    from .triton_ce import ce_rows_triton
+
+    return ce_rows_triton
+
+
+# ---------------------------------------------------------------- cross entropy over logits rows
+@torch.library.custom_op(f"{NS}::cross_entropy_fwd", mutates_args=())
+def cross_entropy_fwd(
+    logits: Tensor, target: Tensor, class_weights: Tensor | None, ignore_index: int, label_smoothing: float,
+    softcap: float | None, lse_square_scale: float, reduction: str,
+) -> tuple[Tensor, Tensor]:
+    """Returns (loss, z_loss), reduced as ``reduction`` says; no gradient work in forward."""
+    from .cross_entropy import reduce_ce
+
+    buf = logits if logits.stride(-1) == 1 else logits.contiguous()
+    ce, zl, _ = _ce_rows(logits)(
+        buf, target, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap, logit_scale=1.0,
+        lse_square_scale=lse_square_scale, class_weights=class_weights, ce_grad_scale=1.0, z_grad_scale=1.0,
+        row_grad=None, compute_grad=False, argmax_mode=0,
+    )
+    loss, z = reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)
+    return loss, z
+
+
+@cross_entropy_fwd.register_fake
+def _(logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction):
+    shape = (logits.shape[0],) if reduction == "none" else ()
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{NS}::cross_entropy_bwd", mutates_args=())
+def cross_entropy_bwd(
+    grad: Tensor, logits: Tensor, target: Tensor, class_weights: Tensor | None, ignore_index: int,
+    label_smoothing: float, softcap: float | None, lse_square_scale: float, reduction: str,
+) -> Tensor:
+    g = logits.contiguous().clone()
+    valid, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
+    if reduction == "none":
+        ce_s, z_s, row = 1.0, 1.0, grad
+    elif reduction == "sum":
+        ce_s, z_s, row = grad.float(), grad.float(), None
+    else:
+        ce_s = torch.where(denom > 0, grad.float() / denom.clamp(min=1e-30), torch.zeros_like(denom))
+        z_s = grad.float() / n_valid.clamp(min=1.0)
+        row = None
+    _ce_rows(logits)(
+        g, target, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap, logit_scale=1.0,
+        lse_square_scale=lse_square_scale, class_weights=class_weights, ce_grad_scale=ce_s, z_grad_scale=z_s,
+        row_grad=row, compute_grad=True, argmax_mode=0,
+    )
+    return g
+
+
+@cross_entropy_bwd.register_fake
+def _(grad, logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction):
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _ce_setup(ctx, inputs, output):
+    logits, target, class_weights, *rest = inputs
+    ctx.save_for_backward(logits, target, class_weights)
+    ctx.rest = rest
+
+
+def _ce_backward(ctx, grad, _gz):
+    logits, target, class_weights = ctx.saved_tensors
+    g = cross_entropy_bwd(grad, logits, target, class_weights, *ctx.rest)
+    return g, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{NS}::cross_entropy_fwd", _ce_backward, setup_context=_ce_setup)
+
+
+def cross_entropy_triton(
+    logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", softcap=None,
+    lse_square_scale=0.0, class_weights=None,
+):
+    return cross_entropy_fwd(
+        logits, target, class_weights, int(ignore_index), float(label_smoothing),
+        None if softcap is None else float(softcap), float(lse_square_scale), reduction,
+    )[0]
+
+
+# ---------------------------------------------------------------- fused linear cross entropy
+@torch.library.custom_op(f"{NS}::flce_forward", mutates_args=())
+def flce_forward(
+    hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weights: Tensor | None,
+    row_grad: Tensor | None, ignore_index: int, label_smoothing: float, softcap: float | None, logit_scale: float,
+    lse_square_scale: float, reduction: str, accum_dtype: torch.dtype | None, chunk_mem_const: int,
+    need_dh: bool, need_dw: bool, need_db: bool, argmax_mode: int, backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(loss, z_loss, n_correct, argmax, dh, dw, db); absent gradients are empty tensors."""
+    from .flce import flce_compute
+
+    loss, z, n_correct, argmax, dh, dw, db = flce_compute(
+        hidden, weight, target, bias, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap,
+        logit_scale=logit_scale, lse_square_scale=lse_square_scale, reduction=reduction,
+        class_weights=class_weights, accum_dtype=accum_dtype, chunk_mem_const=chunk_mem_const, need_dh=need_dh,
+        need_dw=need_dw, need_db=need_db, row_grad=row_grad, backend=backend, argmax_mode=argmax_mode,
+    )
+    def e():
+        return hidden.new_empty(0)
+
+    return loss, z, n_correct, argmax, e() if dh is None else dh, e() if dw is None else dw, e() if db is None else db
+
+
+@flce_forward.register_fake
+def _(hidden, weight, target, bias, class_weights, row_grad, ignore_index, label_smoothing, softcap, logit_scale,
+      lse_square_scale, reduction, accum_dtype, chunk_mem_const, need_dh, need_dw, need_db, argmax_mode, backend):
+    n = hidden.shape[0]
+    shape = (n,) if reduction == "none" else ()
+    f32 = torch.float32
+    return (
+        hidden.new_empty(shape, dtype=f32),
+        hidden.new_empty(shape, dtype=f32),
+        hidden.new_empty((), dtype=torch.long),
+        hidden.new_empty((n,), dtype=torch.long),
+        torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_dh else hidden.new_empty(0),
+        torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else hidden.new_empty(0),
+        bias.new_empty(bias.shape) if (need_db and bias is not None) else hidden.new_empty(0),
+    )
+
+
+@torch.library.custom_op(f"{NS}::flce_scale_grads_", mutates_args=("dh", "dw", "db"))
+def flce_scale_grads_(dh: Tensor, dw: Tensor, db: Tensor, grad_output: Tensor) -> None:
+    """Scales the precomputed gradients in place by the (scalar) grad_output; a no-op when it is 1."""
+    if bool(torch.equal(grad_output, torch.ones_like(grad_output))):
+        return
+    for t in (dh, dw, db):
+        if t.numel():
+            t.mul_(grad_output.to(t.dtype))
+
+
+@flce_scale_grads_.register_fake
+def _(dh, dw, db, grad_output):
+    return None
+
+
+# ---------------------------------------------------------------- fused linear JSD
+@torch.library.custom_op(f"{NS}::fljsd_forward", mutates_args=())
+def fljsd_forward(
+    sh: Tensor, sw: Tensor, th: Tensor, tw: Tensor, target: Tensor | None, beta: float, temperature: float,
+    ignore_index: int, chunk_mem_const: int, need_dh: bool, need_dw: bool, backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    from .jsd import fljsd_compute
+
+    loss, dh, dw = fljsd_compute(sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh,
+                                 need_dw, backend)
+    return loss, sh.new_empty(0) if dh is None else dh, sh.new_empty(0) if dw is None else dw
+
+
+@fljsd_forward.register_fake
+def _(sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend):
+    return (
+        sh.new_empty((), dtype=torch.float32),
+        torch.empty_like(sh, memory_format=torch.contiguous_format) if need_dh else sh.new_empty(0),
+        torch.empty_like(sw, memory_format=torch.contiguous_format) if need_dw else sh.new_empty(0),
+    )

@@ -1,0 +1,206 @@
+"""Triton cross-entropy rows kernel: loss, lse, argmax and (in place) the gradient of a logits chunk."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import triton_utils as tu
+from .triton_utils import tanh
+
+
+@triton.jit
+def _ce_rows_kernel(
+    X,
+    stride_x,
+    Y,
+    CE_OUT,
+    Z_OUT,
+    AM_OUT,
+    ROWG,
+    CW,
+    SCALES,  # fp32 [3]: ce grad scale, z grad scale, sum of class weights
+    n_cols,
+    ignore_index,
+    eps,
+    softcap,
+    logit_scale,
+    lse_sq,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_ROWG: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    ARGMAX: tl.constexpr,  # 0: none, 1: valid rows, 2: every row
+    COMPUTE_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_ptr = X + row * stride_x
+    y = tl.load(Y + row)
+    valid = y != ignore_index
+    offs = tl.arange(0, BLOCK)
+    if not valid:
+        tl.store(CE_OUT + row, 0.0)
+        tl.store(Z_OUT + row, 0.0)
+        if ARGMAX < 2:
+            if COMPUTE_GRAD:
+                for start in range(0, n_cols, BLOCK):
+                    cols = start + offs
+                    tl.store(x_ptr + cols, tl.zeros([BLOCK], dtype=X.dtype.element_ty), mask=cols < n_cols)
+            return
+    # pass 1: online max / sum-exp (+ smoothing sums, argmax)
+    m = float("-inf")
+    d = 0.0
+    sz = 0.0
+    best = float("-inf")
+    best_i = 0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        mask = cols < n_cols
+        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+        if HAS_SOFTCAP:
+            z = softcap * tanh(z / softcap)
+        z = tl.where(mask, z, float("-inf"))
+        bm = tl.max(z, 0)
+        if ARGMAX > 0:
+            bi = tl.argmax(z, 0)
+            best_i = tl.where(bm > best, start + bi, best_i)
+            best = tl.maximum(best, bm)
+        m_new = tl.maximum(m, bm)
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
+        m = m_new
+        if HAS_SMOOTH:
+            zs = tl.where(mask, z, 0.0)
+            if HAS_WEIGHT:
+                w = tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
+                sz += tl.sum(w * zs, 0)
+            else:
+                sz += tl.sum(zs, 0)
+    if ARGMAX > 0:
+        tl.store(AM_OUT + row, best_i.to(tl.int64))
+    if not valid:
+        if COMPUTE_GRAD:
+            for start in range(0, n_cols, BLOCK):
+                cols = start + offs
+                tl.store(x_ptr + cols, tl.zeros([BLOCK], dtype=X.dtype.element_ty), mask=cols < n_cols)
+        return
+    lse = m + tl.log(d)
+    zy = tl.load(x_ptr + y).to(tl.float32) * logit_scale
+    if HAS_SOFTCAP:
+        zy = softcap * tanh(zy / softcap)
+    if HAS_WEIGHT:
+        wy = tl.load(CW + y).to(tl.float32)
+        w_sum = tl.load(SCALES + 2)
+    else:
+        wy = 1.0
+        w_sum = n_cols * 1.0
+    ce = (lse - zy) * wy
+    if HAS_SMOOTH:
+        smooth = (w_sum * lse - sz) / n_cols if HAS_WEIGHT else lse - sz / n_cols
+        ce = (1.0 - eps) * ce + eps * smooth
+    tl.store(CE_OUT + row, ce)
+    tl.store(Z_OUT + row, lse_sq * lse * lse)
+    if COMPUTE_GRAD:
+        ce_s = tl.load(SCALES + 0)
+        z_s = tl.load(SCALES + 1)
+        rg = 1.0
+        if HAS_ROWG:
+            rg = tl.load(ROWG + row).to(tl.float32)
+        a = (1.0 - eps) * wy
+        coef = (a + eps * w_sum / n_cols) * ce_s + 2.0 * lse_sq * lse * z_s
+        coef = coef * rg
+        a_s = a * ce_s * rg
+        sm = eps / n_cols * ce_s * rg
+        for start in range(0, n_cols, BLOCK):
+            cols = start + offs
+            mask = cols < n_cols
+            z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+            if HAS_SOFTCAP:
+                t = tanh(z / softcap)
+                z = softcap * t
+            g = tl.exp(z - lse) * coef
+            g = tl.where(cols == y, g - a_s, g)
+            if HAS_SMOOTH:
+                if HAS_WEIGHT:
+                    g -= sm * tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
+                else:
+                    g -= sm
+            if HAS_SOFTCAP:
+                g = g * (1.0 - t * t)
+            g = g * logit_scale
+            tl.store(x_ptr + cols, g.to(X.dtype.element_ty), mask=mask)
+
+
+def _scales(ce_grad_scale, z_grad_scale, class_weights, device):
+    def as_t(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device=device, dtype=torch.float32).reshape(())
+        return torch.tensor(float(v), dtype=torch.float32, device=device)
+
+    w_sum = (
+        class_weights.to(torch.float32).sum().reshape(())
+        if class_weights is not None
+        else torch.zeros((), dtype=torch.float32, device=device)
+    )
+    return torch.stack([as_t(ce_grad_scale), as_t(z_grad_scale), w_sum])
+
+
+@torch.no_grad()
+def ce_rows_triton(
+    buf: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    ignore_index: int,
+    label_smoothing: float,
+    softcap: float | None,
+    logit_scale: float,
+    lse_square_scale: float,
+    class_weights: torch.Tensor | None,
+    ce_grad_scale,
+    z_grad_scale,
+    row_grad: torch.Tensor | None,
+    compute_grad: bool,
+    argmax_mode: int = 2,
+):
+    """Same contract as :func:`ce_torch.ce_rows_torch`; ``buf`` must have unit column stride."""
+    n, v = buf.shape
+    if buf.stride(1) != 1:
+        raise ValueError("ce_rows_triton: logits buffer must have unit column stride")
+    device = buf.device
+    ce = torch.empty(n, dtype=torch.float32, device=device)
+    zl = torch.empty(n, dtype=torch.float32, device=device)
+    am = torch.zeros(n, dtype=torch.long, device=device) if argmax_mode else ce
+    if n == 0:
+        return ce, zl, am
+    target = target.contiguous()
+    cw = class_weights.contiguous() if class_weights is not None else ce
+    rg = row_grad.contiguous() if row_grad is not None else ce
+    scales = _scales(ce_grad_scale, z_grad_scale, class_weights, device)
+    block = tu.row_block(v)
+    _ce_rows_kernel[(n,)](
+        buf,
+        buf.stride(0),
+        target,
+        ce,
+        zl,
+        am,
+        rg,
+        cw,
+        scales,
+        v,
+        ignore_index,
+        float(label_smoothing),
+        float(softcap) if softcap is not None else 1.0,
+        float(logit_scale),
+        float(lse_square_scale),
+        HAS_SOFTCAP=softcap is not None,
+        HAS_WEIGHT=class_weights is not None,
+        HAS_ROWG=row_grad is not None,
+        HAS_SMOOTH=float(label_smoothing) > 0.0,
+        ARGMAX=int(argmax_mode),
+        COMPUTE_GRAD=bool(compute_grad),
+        BLOCK=block,
+        num_warps=tu.warps_for(block),
+    )
+    return ce, zl, am

@@ -1,0 +1,83 @@
+"""torch.compile friendliness: no graph break on any op (backend=torch on CPU), custom ops trace with fakes."""
+
+import pytest
+import torch
+
+from liger_registry import kernels as K
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, generator=g, requires_grad=True)
+    w = torch.randn(16, generator=g, requires_grad=True)
+    q = torch.randn(1, 2, 6, 8, generator=g, requires_grad=True)
+    cos, sin = torch.randn(1, 6, 8, generator=g), torch.randn(1, 6, 8, generator=g)
+    head = torch.randn(20, 16, generator=g, requires_grad=True)
+    target = torch.randint(0, 20, (6,), generator=g)
+    return x, w, q, cos, sin, head, target
+
+
+def _all_ops(x, w, q, cos, sin, head, target):
+    h = K.rms_norm(x, w, 1e-6) + K.layer_norm(x, w, None, 1e-5)
+    h = K.swiglu(h, x) + K.geglu(h, x)
+    qo, ko = K.rope(q, q, cos, sin)
+    loss = K.fused_linear_cross_entropy(h, head, target)
+    loss = loss + K.cross_entropy(h @ head.t(), target)
+    loss = loss + K.fused_linear_jsd(h, head, x, head, target)
+    return loss + qo.sum() + ko.sum()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_no_graph_break(backend, monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, backend)
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(_all_ops)(*_inputs())
+    assert ex.graph_break_count == 0, ex.break_reasons
+
+
+def test_custom_ops_direct_with_torch_backend(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    x, w, q, cos, sin, *_ = _inputs()
+
+    def f(x, w, q):
+        y, _ = torch.ops.liger_registry.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+        qo, _ = torch.ops.liger_registry.rope(q, q, cos, sin, False)
+        return torch.ops.liger_registry.glu_fwd(y, x, 0).sum() + qo.sum()
+
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(f)(x, w, q)
+    assert ex.graph_break_count == 0, ex.break_reasons
+    ref = (K.swiglu(K.rms_norm(x, w, 1e-6), x).sum() + K.rope(q, q, cos, sin)[0].sum())
+    got = f(x, w, q)
+    torch.testing.assert_close(got, ref)
+    g1 = torch.autograd.grad(got, [x, w, q])
+    g2 = torch.autograd.grad(ref, [x, w, q])
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_opcheck_custom_ops(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    x, w, q, cos, sin, *_ = _inputs()
+    torch.library.opcheck(torch.ops.liger_registry.rms_norm_fwd.default, (x, w, 1e-6, 0.0, "gemma"))
+    torch.library.opcheck(torch.ops.liger_registry.glu_fwd.default, (x, x.detach().clone(), 1))
+    torch.library.opcheck(torch.ops.liger_registry.rope.default, (q, q.detach().clone(), cos, sin, False))
+    torch.library.opcheck(torch.ops.liger_registry.layer_norm_fwd.default, (x, w, None, 1e-5))
+
+
+def test_compiled_flce_runs_and_matches(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    x, _, _, _, _, head, target = _inputs()
+
+    def f(x, head):
+        return K.fused_linear_cross_entropy(x, head, target, label_smoothing=0.1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    out = compiled(x, head)
+    ref = f(x, head)
+    torch.testing.assert_close(out, ref)
+    g1 = torch.autograd.grad(out, [x, head])
+    g2 = torch.autograd.grad(ref, [x, head])
+    for a, b in zip(g1, g2, strict=True):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,246 @@
+"""Triton kernels through the interpreter (backend forced to triton) vs the torch path and plain references."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_refs import ce_reference, flce_reference
+
+from liger_registry import kernels as K
+from liger_registry.kernels import ce_torch, reference, triton_utils
+from liger_registry.kernels.triton_ce import ce_rows_triton
+
+
+@pytest.fixture(autouse=True)
+def _triton(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "triton")
+    monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)  # tiny shapes still cross column blocks
+
+
+def _g(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _close(a, b, tol):
+    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_backend_is_triton_on_cpu():
+    assert K.backend_for(torch.randn(2), op="rms_norm") == "triton"
+
+
+CE_OPTS = [
+    {},
+    {"label_smoothing": 0.1},
+    {"softcap": 3.0},
+    {"logit_scale": 0.5, "lse_square_scale": 1e-2},
+    {"class_weights": True, "label_smoothing": 0.2},
+]
+
+
+@pytest.mark.parametrize("opts", CE_OPTS, ids=lambda o: "-".join(o) or "plain")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ce_rows_kernel_matches_torch(opts, dtype):
+    x = (torch.randn(9, 50, generator=_g()) * 3).to(dtype)
+    t = torch.randint(0, 50, (9,), generator=_g(1))
+    t[[2, 5]] = -100
+    o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=0.0,
+             class_weights=None, ce_grad_scale=0.3, z_grad_scale=0.7, row_grad=torch.randn(9, generator=_g(2)),
+             compute_grad=True)
+    o.update(opts)
+    if o["class_weights"] is True:
+        o["class_weights"] = torch.rand(50, generator=_g(3)) + 0.5
+    b1, b2 = x.clone(), x.clone()
+    r1 = ce_torch.ce_rows_torch(b1, t, **o)
+    r2 = ce_rows_triton(b2, t, **o)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    _close(r2[0], r1[0], tol)
+    _close(r2[1], r1[1], tol)
+    assert torch.equal(r2[2], r1[2])
+    _close(b2, b1, tol)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(
+    "opts",
+    [{}, {"label_smoothing": 0.1, "class_weights": True}, {"softcap": 2.0, "logit_scale": 0.5, "lse_square_scale": 1e-3}],
+    ids=lambda o: "-".join(o) or "plain",
+)
+def test_flce_triton_matches_reference(opts, reduction):
+    n, h, v = 37, 16, 50
+    hidden = torch.randn(n, h, generator=_g()).requires_grad_()
+    weight = (torch.randn(v, h, generator=_g(1)) * 0.5).requires_grad_()
+    bias = (torch.randn(v, generator=_g(2)) * 0.1).requires_grad_()
+    target = torch.randint(0, v, (n,), generator=_g(3))
+    target[::4] = -100
+    opts = dict(opts)
+    if opts.get("class_weights"):
+        opts["class_weights"] = torch.rand(v, generator=_g(4)) + 0.5
+    out = K.fused_linear_cross_entropy(hidden, weight, target, bias, reduction=reduction, **opts)
+    ref, _ = flce_reference(hidden, weight, target, bias, reduction=reduction, **opts)
+    _close(out, ref, 1e-5)
+    go = torch.randn_like(ref) if reduction == "none" else torch.tensor(0.7)
+    got = torch.autograd.grad(out, [hidden, weight, bias], go)
+    exp = torch.autograd.grad(ref, [hidden, weight, bias], go)
+    for a, e in zip(got, exp, strict=True):
+        _close(a, e, 1e-5)
+
+
+def test_flce_triton_edge_cases():
+    v, h = 50, 16
+    weight = (torch.randn(v, h, generator=_g(1)) * 0.5).requires_grad_()
+    # BT = 1
+    h1 = torch.randn(1, h, generator=_g()).requires_grad_()
+    t1 = torch.tensor([7])
+    out = K.fused_linear_cross_entropy(h1, weight, t1, return_token_accuracy=True, return_predicted_tokens=True)
+    ref, _ = flce_reference(h1, weight, t1)
+    _close(out.loss, ref, 1e-5)
+    assert torch.equal(out.predicted_tokens, (h1 @ weight.t()).argmax(-1))
+    # non-contiguous hidden
+    big = torch.randn(20, 2 * h, generator=_g(5))
+    hn = big[:, ::2].detach().requires_grad_()
+    assert not hn.is_contiguous()
+    t = torch.randint(0, v, (20,), generator=_g(6))
+    out = K.fused_linear_cross_entropy(hn, weight, t)
+    ref, _ = flce_reference(hn, weight, t)
+    _close(out, ref, 1e-5)
+    _close(torch.autograd.grad(out, hn)[0], torch.autograd.grad(ref, hn)[0], 1e-5)
+    # all labels ignored
+    hz = torch.randn(9, h, generator=_g(7)).requires_grad_()
+    out = K.fused_linear_cross_entropy(hz, weight, torch.full((9,), -100))
+    out.backward()
+    assert out.item() == 0.0 and (hz.grad == 0).all() and (weight.grad == 0).all()
+
+
+def test_flce_triton_fp16_near_overflow():
+    # logits around +-3e4 in fp16 (max 65504): the kernel must upcast before exp and stay finite
+    v, h, n = 50, 16, 12
+    weight = torch.randn(v, h, generator=_g(1)).half()
+    hidden = (torch.randn(n, h, generator=_g(2)) * 1500).half()
+    logits = hidden.float() @ weight.float().t()
+    assert logits.abs().max() > 1e4 and logits.abs().max() < 65504
+    hidden.requires_grad_()
+    weight.requires_grad_()
+    t = torch.randint(0, v, (n,), generator=_g(3))
+    out = K.fused_linear_cross_entropy(hidden, weight, t, reduction="sum")
+    ref = F.cross_entropy((hidden @ weight.t()).float(), t, reduction="sum")
+    assert torch.isfinite(out)
+    _close(out, ref, 2e-3 * ref.abs().item())
+    gh, gw = torch.autograd.grad(out, [hidden, weight])
+    assert torch.isfinite(gh).all() and torch.isfinite(gw).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cross_entropy_triton(reduction, dtype):
+    logits = (torch.randn(11, 50, generator=_g()) * 2).to(dtype).requires_grad_()
+    t = torch.randint(0, 50, (11,), generator=_g(1))
+    t[3] = -100
+    out = K.cross_entropy(logits, t, reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3)
+    ref, _ = ce_reference(logits, t, reduction=reduction, label_smoothing=0.1, lse_square_scale=1e-3)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    _close(out, ref, tol)
+    go = torch.randn_like(ref)
+    _close(torch.autograd.grad(out, logits, go)[0], torch.autograd.grad(ref, logits, go)[0], tol)
+
+
+@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.5), ("llama", 1.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rms_norm_triton(mode, offset, dtype):
+    x = torch.randn(7, 3, 40, generator=_g()).to(dtype)[:, 1]  # non-contiguous rows, H not a power of 2
+    w = (torch.randn(40, generator=_g(1)) * 0.3).to(dtype)
+    x.requires_grad_()
+    w.requires_grad_()
+    y = K.rms_norm(x, w, 1e-6, offset, mode)
+    ref = reference.rms_norm_torch(x, w, 1e-6, offset, mode)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    if dtype == torch.float32 and mode != "none":
+        assert torch.allclose(y, ref, rtol=1e-6, atol=1e-6)
+    _close(y, ref, tol)
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, w], dy)
+    exp = torch.autograd.grad(ref, [x, w], dy)
+    for a, e in zip(got, exp, strict=True):
+        _close(a, e, tol * 5)
+
+
+def test_rms_norm_in_place_backward():
+    x = torch.randn(6, 24, generator=_g()).requires_grad_()
+    w = torch.randn(24, generator=_g(1)).requires_grad_()
+    y = K.rms_norm(x, w, 1e-6, in_place_backward=True)
+    dy = torch.randn(6, 24, generator=_g(2))
+    y.backward(dy.clone())
+    ref = reference.rms_norm_torch(x, w, 1e-6)
+    ex, ew = torch.autograd.grad(ref, [x, w], dy)
+    _close(x.grad, ex, 1e-5)
+    _close(w.grad, ew, 1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_triton(bias):
+    x = torch.randn(9, 40, generator=_g()).requires_grad_()
+    w = torch.randn(40, generator=_g(1)).requires_grad_()
+    b = torch.randn(40, generator=_g(2)).requires_grad_() if bias else None
+    y = K.layer_norm(x, w, b, 1e-5)
+    ref = F.layer_norm(x, (40,), w, b, 1e-5)
+    _close(y, ref, 1e-5)
+    dy = torch.randn_like(y)
+    ins = [x, w] + ([b] if bias else [])
+    for a, e in zip(torch.autograd.grad(y, ins, dy), torch.autograd.grad(ref, ins, dy), strict=True):
+        _close(a, e, 1e-4)
+
+
+@pytest.mark.parametrize("batch_cos", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_triton(batch_cos, dtype):
+    b, hq, hk, s, d = 2, 5, 3, 6, 12
+    # HF layout through a transpose: q [B, S, H, D] -> [B, H, S, D] (non-contiguous)
+    q = torch.randn(b, s, hq, d, generator=_g()).to(dtype).transpose(1, 2).requires_grad_()
+    k = torch.randn(b, s, hk, d, generator=_g(1)).to(dtype).transpose(1, 2).requires_grad_()
+    ang = torch.randn(batch_cos, s, d // 2, generator=_g(2))
+    ang = torch.cat([ang, ang], -1)
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    qo, ko = K.rope(q, k, cos, sin)
+    qr, kr = reference.rope_torch(q, k, cos, sin)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    _close(qo, qr, tol)
+    _close(ko, kr, tol)
+    gq, gk = torch.randn_like(qr), torch.randn_like(kr)
+    got = torch.autograd.grad((qo, ko), [q, k], (gq, gk))
+    exp = torch.autograd.grad((qr, kr), [q, k], (gq, gk))
+    for a, e in zip(got, exp, strict=True):
+        _close(a, e, tol)
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_glu_triton(name, dtype):
+    a = (torch.randn(3, 1500, generator=_g()) * 3).to(dtype).requires_grad_()  # 4500 = not a multiple of 1024
+    b = torch.randn(3, 1500, generator=_g(1)).to(dtype).requires_grad_()
+    torch_fn = getattr(reference, f"{name}_torch")
+    y, ref = getattr(K, name)(a, b), torch_fn(a, b)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    _close(y, ref, tol)
+    dy = torch.randn_like(y)
+    for x, e in zip(torch.autograd.grad(y, [a, b], dy), torch.autograd.grad(ref, [a, b], dy), strict=True):
+        _close(x, e, tol * 2)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_linear_jsd_triton(beta, monkeypatch):
+    n, h, v = 21, 16, 50
+    sh = torch.randn(n, h, generator=_g()).requires_grad_()
+    sw = (torch.randn(v, h, generator=_g(1)) * 0.5).requires_grad_()
+    th, tw = torch.randn(n, h, generator=_g(2)), torch.randn(v, h, generator=_g(3)) * 0.5
+    target = torch.randint(0, v, (n,), generator=_g(4))
+    target[::3] = -100
+    loss = K.fused_linear_jsd(sh, sw, th, tw, target, jsd_beta=beta, temperature=1.5)
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    ref = K.fused_linear_jsd(sh, sw, th, tw, target, jsd_beta=beta, temperature=1.5)
+    _close(loss, ref, 1e-5)
+    for a, e in zip(torch.autograd.grad(loss, [sh, sw]), torch.autograd.grad(ref, [sh, sw]), strict=True):
+        _close(a, e, 1e-5)
+
+
+def test_forced_triton_refuses_with_reasons():
+    with pytest.raises(K.BackendError, match="dtype float64 not supported"):
+        K.swiglu(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
