@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from liger_registry import kernels
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
-    head_parameters,
+    call_fused_head,
     logit_transform,
     postprocess_logits,
     text_config,
@@ -20,6 +20,9 @@ from liger_registry.forwards.registry import register_forward
 from liger_registry.forwards.skip_logits import resolve_skip_logits
 
 HEAD_ONLY = ("labels", "logits_to_keep", "return_dict")
+# Keywords the head reads and the decoder never sees: liger's `return_token_accuracy` (older TRL's SFTTrainer
+# passes it and reads `outputs.token_accuracy`), and TRL's `fused_lm_head` (see _refuse_trl_fused_head).
+HEAD_EXTRA = ("return_token_accuracy", "fused_lm_head")
 IGNORE_INDEX = -100
 
 
@@ -28,32 +31,60 @@ def _slice(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Te
     return hidden[:, index, :]
 
 
-def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, extra: dict) -> torch.Tensor | None:
-    """The training loss by FLCE, with HF's shift and num_items_in_batch semantics (sum, then divide)."""
-    head = ctx.entry.head
-    params = head_parameters(getattr(model, head.lm_head))
-    if params is None:
-        return None
+def _shift_labels(labels, extra: dict) -> torch.Tensor:
     shift_labels = extra.get("shift_labels")
-    if shift_labels is None:
-        shift_labels = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:] if shift_labels is None else shift_labels
+
+
+def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, extra: dict):
+    """The training loss by FLCE, with HF's shift and num_items_in_batch semantics (sum, then divide).
+
+    None when the head cannot be fused; `(loss, token_accuracy)` when `return_token_accuracy` is asked.
+    """
+    head = ctx.entry.head
+    shift_labels = _shift_labels(labels, extra)
     num_items = extra.get("num_items_in_batch")
     softcap, scale = logit_transform(text_config(model.config, head.text_config_attr), head.softcap_attr, head.logit_scale_attr)
-    weight, bias = params
-    loss = kernels.fused_linear_cross_entropy(
-        hidden.reshape(-1, hidden.shape[-1]),
-        weight,
-        shift_labels.reshape(-1).to(hidden.device),
-        bias,
-        ignore_index=extra.get("ignore_index", IGNORE_INDEX),
-        softcap=softcap,
-        logit_scale=scale,
-        reduction="mean" if num_items is None else "sum",
-        chunk_mem_const=ctx.entry.flce.chunk_mem_const,
-    )
+    accuracy = bool(extra.get("return_token_accuracy"))
+
+    def compute(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        return kernels.fused_linear_cross_entropy(
+            h.reshape(-1, h.shape[-1]),
+            weight,
+            shift_labels.reshape(-1).to(h.device),
+            bias,
+            ignore_index=extra.get("ignore_index", IGNORE_INDEX),
+            softcap=softcap,
+            logit_scale=scale,
+            reduction="mean" if num_items is None else "sum",
+            chunk_mem_const=ctx.entry.flce.chunk_mem_const,
+            return_token_accuracy=accuracy,
+        )
+
+    result = call_fused_head(getattr(model, head.lm_head), hidden, compute)
+    if result is None:
+        return None
+    loss = result.loss if accuracy else result
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-    return loss
+    return (loss, result.token_accuracy) if accuracy else loss
+
+
+def _token_accuracy(logits: torch.Tensor, labels, extra: dict) -> torch.Tensor:
+    """Fraction of non-ignored next-token labels that are the argmax of the logits (liger's token_accuracy)."""
+    target = _shift_labels(labels, extra).to(logits.device)
+    valid = target != extra.get("ignore_index", IGNORE_INDEX)
+    correct = (logits.detach().argmax(-1) == target) & valid
+    return correct.sum().float() / valid.sum().clamp(min=1)
+
+
+def _refuse_trl_fused_head(extra: dict) -> None:
+    if extra.get("fused_lm_head"):
+        raise ValueError(
+            "liger_registry: this forward got TRL's `fused_lm_head=True`: liger_registry.apply() ran after the TRL "
+            "trainer was built and replaced the fused LM head TRL installs on the model. Apply liger_registry "
+            "before building the trainer (TRL then wraps the patched forward)."
+        )
 
 
 def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, extra: dict, skip_logits):
@@ -63,10 +94,15 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
     skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels)
     logits_to_keep = named.get("logits_to_keep", ctx.default("logits_to_keep") or 0)
     hidden = _slice(outputs.last_hidden_state, logits_to_keep)
+    head_extra = {k: extra.pop(k) for k in HEAD_EXTRA if k in extra}
+    accuracy = bool(head_extra.get("return_token_accuracy")) and has_labels
     if skip and ctx.entry.flce.enabled:
-        loss = fused_loss(model, ctx, hidden, labels, extra)
-        if loss is not None:
-            return loss, None
+        fused = fused_loss(model, ctx, hidden, labels, {**extra, "return_token_accuracy": accuracy})
+        if fused is not None:
+            if accuracy:
+                named["token_accuracy"] = fused[1]
+                return fused[0], None
+            return fused, None
         warn_unfusable(getattr(model, ctx.entry.head.lm_head))
     head = ctx.entry.head
     config = text_config(model.config, head.text_config_attr)
@@ -74,12 +110,15 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
     loss = None
     if has_labels:
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
+    if accuracy:
+        named["token_accuracy"] = _token_accuracy(logits, labels, extra)
     return loss, (None if skip else logits)
 
 
 def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any:
+    _refuse_trl_fused_head(extra)
     base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
-    return getattr(model, ctx.entry.head.base_model)(**base_args, **extra)
+    return getattr(model, ctx.entry.head.base_model)(**base_args, **{k: v for k, v in extra.items() if k not in HEAD_EXTRA})
 
 
 def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> Any:
@@ -87,6 +126,8 @@ def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> An
     values = {name: getattr(outputs, name, None) for name in names if name not in fields}
     values.update({k: v for k, v in fields.items() if k in names})
     result = ctx.output_class(**values)
+    if named.get("token_accuracy") is not None:
+        result["token_accuracy"] = named["token_accuracy"]  # a ModelOutput item and attribute, as liger's
     return result if named.get("return_dict", True) is not False else result.to_tuple()
 
 

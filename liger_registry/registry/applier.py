@@ -19,6 +19,7 @@ from liger_registry.registry.resolve import ResolvedConfig, resolve
 from liger_registry.registry.targets import version_problem
 
 _MISSING = object()
+_MODULE_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
 
 @dataclass
@@ -123,8 +124,17 @@ def _model_type(model: nn.Module) -> str:
 
 
 def _unwrap(model: Any) -> Any:
-    """The transformers model inside a torch.compile wrapper."""
-    return getattr(model, "_orig_mod", model)
+    """The transformers model inside torch.compile, PEFT (get_base_model), DDP/DataParallel and FSDP1 wrappers."""
+    for _ in range(8):
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif callable(getattr(model, "get_base_model", None)) and type(model).__module__.startswith("peft."):
+            model = model.get_base_model()
+        elif type(model).__name__ in _MODULE_WRAPPERS and isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            break
+    return model
 
 
 def configure(

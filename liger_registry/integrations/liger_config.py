@@ -1,0 +1,59 @@
+"""Turns a Hugging Face `liger_kernel_config` dict (TrainingArguments) into liger_registry keyword overrides."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from liger_registry.registry.errors import RegistryError, suggest
+from liger_registry.registry.loader import Registry, load_registry
+
+# The keys of `liger_kernel_config` that TrainingArguments documents, and the override each one drives.
+LIGER_KEYS = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm", "cross_entropy", "fused_linear_cross_entropy")
+
+
+def _declared(entry: Any, key: str) -> tuple[bool, bool, str | None]:
+    """(declared, enabled, reason) of a kernel in a resolved family entry."""
+    if key == "fused_linear_cross_entropy":
+        return True, entry.flce.enabled, entry.flce.reason
+    spec = getattr(entry.kernels, key)
+    if spec is None:
+        return False, False, None
+    return True, spec.enabled, spec.reason
+
+
+def overrides_from_liger_kernel_config(
+    config: Mapping[str, Any] | None, model_type: str | None = None, registry: Registry | None = None
+) -> dict[str, bool]:
+    """Keyword overrides for `liger_registry.apply(...)` from a `liger_kernel_config` dict.
+
+    Every key must be one of LIGER_KEYS and every value a bool, else RegistryError listing all problems.
+    `False` turns a kernel off. `True` means "use it where the family supports it" (liger's default), so it
+    changes nothing; when the family has no such kernel or keeps it off, that is said in a warning, never
+    dropped silently. Pass `model_type` to have the family checked; without it the values map one to one.
+    """
+    config = dict(config or {})
+    problems = []
+    for key, value in config.items():
+        if key not in LIGER_KEYS:
+            problems.append(f"unknown key {key!r}{suggest(str(key), LIGER_KEYS)}; allowed: {', '.join(LIGER_KEYS)}")
+        elif not isinstance(value, bool):
+            problems.append(f"{key}: expected true or false, got {value!r}")
+    if problems:
+        raise RegistryError("invalid liger_kernel_config", problems)
+    if model_type is None:
+        return {k: v for k, v in config.items() if v is False}
+    entry = (registry or load_registry()).family_for(model_type).entry
+    overrides = {}
+    for key, value in config.items():
+        declared, enabled, reason = _declared(entry, key)
+        if value is False and declared:
+            overrides[key] = False
+        elif value is True and not enabled:
+            why = reason or ("the family declares no such kernel" if not declared else "it is off in the family entry")
+            warnings.warn(
+                f"liger_registry: liger_kernel_config {key}=True: family {entry.family!r} does not install it: {why}",
+                stacklevel=2,
+            )
+    return overrides

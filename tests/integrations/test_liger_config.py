@@ -1,0 +1,36 @@
+"""liger_kernel_config (the dict TrainingArguments takes) to liger_registry overrides."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import liger_registry as L
+from liger_registry.integrations import LIGER_KEYS, overrides_from_liger_kernel_config
+from liger_registry.testing import tiny_model
+
+
+def test_false_turns_a_kernel_off_and_true_keeps_the_family_default():
+    config = {"rope": True, "rms_norm": False, "swiglu": True, "fused_linear_cross_entropy": False}
+    assert overrides_from_liger_kernel_config(config, "llama") == {"rms_norm": False, "fused_linear_cross_entropy": False}
+    model = tiny_model("llama")
+    with L.patched(model, **overrides_from_liger_kernel_config(config, "llama")) as handle:
+        assert {r.kernel for r in handle.report.patched} == {"rope", "swiglu"}
+
+
+def test_every_bad_key_and_value_is_reported_at_once():
+    with pytest.raises(ValueError) as err:
+        overrides_from_liger_kernel_config({"rms_nrom": True, "swiglu": "yes", "model": None})
+    text = str(err.value)
+    assert "'rms_nrom' (did you mean 'rms_norm'?)" in text and "swiglu: expected true or false" in text
+    assert "'model'" in text and ", ".join(LIGER_KEYS) in text
+
+
+def test_off_for_a_kernel_the_family_lacks_is_fine_on_is_a_warning():
+    assert overrides_from_liger_kernel_config({"geglu": False, "layer_norm": False}, "llama") == {}
+    with pytest.warns(UserWarning, match="rope=True: family 'gpt_oss' does not install it: GPT-OSS rotates"):
+        assert overrides_from_liger_kernel_config({"rope": True}, "gpt_oss") == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        overrides_from_liger_kernel_config({"rms_norm": True}, "gpt_oss")

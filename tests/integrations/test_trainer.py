@@ -1,0 +1,93 @@
+"""HF Trainer with a patched model: same losses as unpatched, model_init via the callback, loss-only eval."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Trainer
+
+import liger_registry as L
+from liger_registry.integrations import LigerRegistryCallback, LossOnlyEvalMixin
+from liger_registry.testing import tiny_model
+from tests.integrations.helpers import args, count_calls, losses, rows
+
+
+class LossOnlyTrainer(LossOnlyEvalMixin, Trainer):
+    pass
+
+
+def train(tmp_path, model=None, **kw):
+    data = rows(model or tiny_model("llama"))
+    trainer = Trainer(model=model, args=args(tmp_path), train_dataset=data, eval_dataset=data, **kw)
+    trainer.train()
+    return trainer
+
+
+def test_trainer_losses_match_and_no_logits_in_training(tmp_path):
+    reference = losses(train(tmp_path, tiny_model("llama")))
+    model = tiny_model("llama")
+    with L.patched(model):
+        with count_calls(model.lm_head) as calls:
+            patched = losses(train(tmp_path, model))
+    assert len(reference) == 3
+    assert patched == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    assert calls == [], "training must use fused linear cross entropy, never the lm_head logits"
+
+
+def test_model_init_is_patched_by_the_callback(tmp_path):
+    reference = losses(train(tmp_path, tiny_model("llama")))
+    callback = LigerRegistryCallback(liger_kernel_config={"rope": True, "swiglu": False})
+    trainer = train(tmp_path, model_init=lambda: tiny_model("llama"), callbacks=[callback])
+    try:
+        handle = L.patch_handle(trainer.model)
+        assert handle is not None and handle.active
+        kernels = {r.kernel for r in handle.report.patched}
+        assert "swiglu" not in kernels and {"rms_norm", "rope", "fused_linear_cross_entropy"} <= kernels
+        assert losses(trainer) == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    finally:
+        callback.revert()
+    assert L.patch_handle(trainer.model) is None
+
+
+def test_callback_rejects_unknown_liger_kernel_config_keys_at_once():
+    with pytest.raises(ValueError, match="unknown key 'swigl'.*did you mean 'swiglu'"):
+        LigerRegistryCallback(liger_kernel_config={"swigl": True})
+
+
+def _eval(tmp_path, model, cls=Trainer):
+    data = rows(model)
+    trainer = cls(model=model, args=args(tmp_path, prediction_loss_only=True), eval_dataset=data)
+    with count_calls(model.lm_head) as calls:
+        loss = trainer.evaluate()["eval_loss"]
+    return loss, len(calls)
+
+
+def test_loss_only_eval_skips_the_logits(tmp_path):
+    reference, ref_calls = _eval(tmp_path, tiny_model("llama"))
+    assert ref_calls > 0
+    model = tiny_model("llama")
+    with L.patched(model):
+        # default skip_logits "auto": evaluation (not training) materialises logits, as HF does
+        assert _eval(tmp_path, model)[1] > 0
+        loss, calls = _eval(tmp_path, model, LossOnlyTrainer)
+    assert loss == pytest.approx(reference, rel=1e-5)
+    assert calls == 0
+    model = tiny_model("llama")
+    with L.patched(model, skip_logits="labels"):  # the no-subclass route
+        loss, calls = _eval(tmp_path, model)
+    assert loss == pytest.approx(reference, rel=1e-5)
+    assert calls == 0
+
+
+def test_loss_only_mixin_leaves_metric_eval_alone(tmp_path):
+    model = tiny_model("llama")
+    data = rows(model, n=4)
+    seen = []
+
+    def metrics(pred):
+        seen.append(pred.predictions.shape)
+        return {}
+
+    with L.patched(model):
+        trainer = LossOnlyTrainer(model=model, args=args(tmp_path), eval_dataset=data, compute_metrics=metrics)
+        trainer.evaluate()
+    assert seen and seen[0][-1] == model.config.vocab_size
