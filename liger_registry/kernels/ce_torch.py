@@ -95,6 +95,9 @@ def ce_rows_torch(
     row_grad: torch.Tensor | None,
     compute_grad: bool,
     argmax_mode: int = 2,
+    scales: torch.Tensor | None = None,
+    out: tuple | None = None,
+    grad_out: torch.Tensor | None = None,
 ):
     """Loss rows of a logits chunk; with ``compute_grad`` the chunk is overwritten with d loss / d raw logits.
 
@@ -149,5 +152,10 @@ def ce_rows_torch(
             g *= 1.0 - t * t
         if logit_scale != 1.0:
             g *= logit_scale
-        buf.copy_(g)
+        (buf if grad_out is None else grad_out).copy_(g)
+    if out is not None:
+        out[0].copy_(ce)
+        out[1].copy_(zl)
+        out[2].copy_(argmax)
+        return out
     return ce, zl, argmax

@@ -18,68 +18,66 @@ def _ce_rows(logits: Tensor):
 
 
 # ---------------------------------------------------------------- cross entropy over logits rows
+def _ce_scales(reduction, target, ignore_index, class_weights):
+    _, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
+    if reduction != "mean":
+        return 1.0, 1.0
+    ce_s = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
+    return ce_s, 1.0 / n_valid.clamp(min=1.0)
+
+
 @torch.library.custom_op(f"{NS}::cross_entropy_fwd", mutates_args=())
 def cross_entropy_fwd(
     logits: Tensor, target: Tensor, class_weights: Tensor | None, ignore_index: int, label_smoothing: float,
-    softcap: float | None, lse_square_scale: float, reduction: str,
-) -> tuple[Tensor, Tensor]:
-    """Returns (loss, z_loss), reduced as ``reduction`` says; no gradient work in forward."""
+    softcap: float | None, lse_square_scale: float, reduction: str, compute_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, z_loss, grad); with ``compute_grad`` the gradient of the loss (for grad_output 1) is written into
+    a new buffer in the same pass that reads the logits (the logits themselves are left untouched)."""
     from .cross_entropy import reduce_ce
 
     buf = logits if logits.stride(-1) == 1 else logits.contiguous()
+    grad = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device) if compute_grad else buf.new_empty(0)
+    ce_s, z_s = _ce_scales(reduction, target, ignore_index, class_weights)
     ce, zl, _ = _ce_rows(logits)(
         buf, target, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap, logit_scale=1.0,
-        lse_square_scale=lse_square_scale, class_weights=class_weights, ce_grad_scale=1.0, z_grad_scale=1.0,
-        row_grad=None, compute_grad=False, argmax_mode=0,
+        lse_square_scale=lse_square_scale, class_weights=class_weights, ce_grad_scale=ce_s, z_grad_scale=z_s,
+        row_grad=None, compute_grad=compute_grad, argmax_mode=0, grad_out=grad if compute_grad else None,
     )
     loss, z = reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)
-    return loss, z
+    return loss, z, grad
 
 
 @cross_entropy_fwd.register_fake
-def _(logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction):
+def _(logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction, compute_grad):
     shape = (logits.shape[0],) if reduction == "none" else ()
-    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32)
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else logits.new_empty(0)
+    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32), grad
 
 
-@torch.library.custom_op(f"{NS}::cross_entropy_bwd", mutates_args=())
-def cross_entropy_bwd(
-    grad: Tensor, logits: Tensor, target: Tensor, class_weights: Tensor | None, ignore_index: int,
-    label_smoothing: float, softcap: float | None, lse_square_scale: float, reduction: str,
-) -> Tensor:
-    g = logits.contiguous().clone()
-    valid, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
-    if reduction == "none":
-        ce_s, z_s, row = 1.0, 1.0, grad
-    elif reduction == "sum":
-        ce_s, z_s, row = grad.float(), grad.float(), None
+@torch.library.custom_op(f"{NS}::scale_rows_", mutates_args=("grad",))
+def scale_rows_(grad: Tensor, grad_output: Tensor) -> None:
+    """grad *= grad_output, in place: a scalar (skipped when it is 1) or one factor per row."""
+    if grad_output.dim() == 0:
+        if bool(torch.equal(grad_output, torch.ones_like(grad_output))):
+            return
+        grad.mul_(grad_output.to(grad.dtype))
     else:
-        ce_s = torch.where(denom > 0, grad.float() / denom.clamp(min=1e-30), torch.zeros_like(denom))
-        z_s = grad.float() / n_valid.clamp(min=1.0)
-        row = None
-    _ce_rows(logits)(
-        g, target, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap, logit_scale=1.0,
-        lse_square_scale=lse_square_scale, class_weights=class_weights, ce_grad_scale=ce_s, z_grad_scale=z_s,
-        row_grad=row, compute_grad=True, argmax_mode=0,
-    )
-    return g
+        grad.mul_(grad_output.to(grad.dtype)[:, None])
 
 
-@cross_entropy_bwd.register_fake
-def _(grad, logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction):
-    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+@scale_rows_.register_fake
+def _(grad, grad_output):
+    return None
 
 
 def _ce_setup(ctx, inputs, output):
-    logits, target, class_weights, *rest = inputs
-    ctx.save_for_backward(logits, target, class_weights)
-    ctx.rest = rest
+    ctx.save_for_backward(output[2])
 
 
-def _ce_backward(ctx, grad, _gz):
-    logits, target, class_weights = ctx.saved_tensors
-    g = cross_entropy_bwd(grad, logits, target, class_weights, *ctx.rest)
-    return g, None, None, None, None, None, None, None
+def _ce_backward(ctx, grad, _gz, _gg):
+    (g,) = ctx.saved_tensors
+    scale_rows_(g, grad)
+    return g, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{NS}::cross_entropy_fwd", _ce_backward, setup_context=_ce_setup)
@@ -89,9 +87,10 @@ def cross_entropy_triton(
     logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", softcap=None,
     lse_square_scale=0.0, class_weights=None,
 ):
+    compute_grad = torch.is_grad_enabled() and logits.requires_grad
     return cross_entropy_fwd(
         logits, target, class_weights, int(ignore_index), float(label_smoothing),
-        None if softcap is None else float(softcap), float(lse_square_scale), reduction,
+        None if softcap is None else float(softcap), float(lse_square_scale), reduction, compute_grad,
     )[0]
 
 

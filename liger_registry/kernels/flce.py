@@ -70,6 +70,13 @@ def _addmm_dw(dw: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
     dw.addmm_(g.t().to(dw.dtype), h.to(dw.dtype))
 
 
+def _accumulate_dw(dw: torch.Tensor, g: torch.Tensor, h: torch.Tensor, first: bool) -> None:
+    if first:
+        torch.mm(g.t(), h, out=dw)
+    else:
+        _addmm_dw(dw, g, h)
+
+
 _SIDE_STREAMS: dict = {}
 
 
@@ -132,9 +139,20 @@ def flce_compute(
     compute_grad = need_dh or need_dw or need_db
     dh = torch.empty((n, h), dtype=hidden.dtype, device=device) if need_dh else None
     acc_dtype = accum_dtype if accum_dtype is not None else weight.dtype
-    dw = torch.zeros(weight.shape, dtype=acc_dtype, device=device) if need_dw else None
+    # dW: the first chunk writes it with a plain GEMM (no memset, no read); later chunks addmm into it
+    dw_direct = need_dw and acc_dtype == hidden.dtype and n > 0
+    if need_dw:
+        dw = torch.empty(weight.shape, dtype=acc_dtype, device=device) if dw_direct else torch.zeros(
+            weight.shape, dtype=acc_dtype, device=device)
+    else:
+        dw = None
     db = torch.zeros(v, dtype=torch.float32, device=device) if need_db else None
     ce_rows = _ce_rows(backend)
+    extra = {}
+    if backend == "triton":
+        from .triton_ce import make_scales
+
+        extra["scales"] = make_scales(ce_scale, z_scale, class_weights, device)
     overlap = compute_grad and need_dh and need_dw and _overlap_streams(device)
     if overlap:
         main = torch.cuda.current_stream(device)
@@ -148,7 +166,7 @@ def flce_compute(
             torch.addmm(bias.to(hidden.dtype), h_c, w_dt.t(), out=buf)
         else:
             torch.mm(h_c, w_dt.t(), out=buf)
-        ce_c, z_c, am_c = ce_rows(
+        ce_rows(
             buf,
             target[s:e],
             ignore_index=ignore_index,
@@ -162,11 +180,9 @@ def flce_compute(
             row_grad=None if row_grad is None else row_grad[s:e],
             compute_grad=compute_grad,
             argmax_mode=argmax_mode,
+            out=(ce_all[s:e], z_all[s:e], argmax_all[s:e]),
+            **extra,
         )
-        ce_all[s:e] = ce_c
-        z_all[s:e] = z_c
-        if argmax_mode:
-            argmax_all[s:e] = am_c
         if not compute_grad:
             continue
         if overlap:
@@ -175,7 +191,7 @@ def flce_compute(
             side.wait_stream(main)
             with torch.cuda.stream(side):
                 torch.mm(buf, w_dt, out=dh[s:e])
-            _addmm_dw(dw, buf, h_c)
+            _accumulate_dw(dw, buf, h_c, first=dw_direct and i == 0)
             if need_db:
                 db += buf.sum(0, dtype=torch.float32)
             main.wait_stream(side)
@@ -183,7 +199,7 @@ def flce_compute(
         if need_dh:
             torch.mm(buf, w_dt, out=dh[s:e])
         if need_dw:
-            _addmm_dw(dw, buf, h_c)
+            _accumulate_dw(dw, buf, h_c, first=dw_direct and i == 0)
         if need_db:
             db += buf.sum(0, dtype=torch.float32)
     if overlap and buf_full is not None:

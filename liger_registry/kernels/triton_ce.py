@@ -14,6 +14,8 @@ from .triton_utils import tanh
 def _ce_rows_kernel(
     X,
     stride_x,
+    G,
+    stride_g,
     Y,
     CE_OUT,
     Z_OUT,
@@ -37,6 +39,7 @@ def _ce_rows_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     x_ptr = X + row * stride_x
+    g_ptr = G + row * stride_g
     y = tl.load(Y + row)
     valid = y != ignore_index
     offs = tl.arange(0, BLOCK)
@@ -47,7 +50,7 @@ def _ce_rows_kernel(
             if COMPUTE_GRAD:
                 for start in range(0, n_cols, BLOCK):
                     cols = start + offs
-                    tl.store(x_ptr + cols, tl.zeros([BLOCK], dtype=X.dtype.element_ty), mask=cols < n_cols)
+                    tl.store(g_ptr + cols, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=cols < n_cols)
             return
     # pass 1: online max / sum-exp (+ smoothing sums, argmax)
     m = float("-inf")
@@ -83,7 +86,7 @@ def _ce_rows_kernel(
         if COMPUTE_GRAD:
             for start in range(0, n_cols, BLOCK):
                 cols = start + offs
-                tl.store(x_ptr + cols, tl.zeros([BLOCK], dtype=X.dtype.element_ty), mask=cols < n_cols)
+                tl.store(g_ptr + cols, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=cols < n_cols)
         return
     lse = m + tl.log(d)
     zy = tl.load(x_ptr + y).to(tl.float32) * logit_scale
@@ -97,7 +100,10 @@ def _ce_rows_kernel(
         w_sum = n_cols * 1.0
     ce = (lse - zy) * wy
     if HAS_SMOOTH:
-        smooth = (w_sum * lse - sz) / n_cols if HAS_WEIGHT else lse - sz / n_cols
+        if HAS_WEIGHT:
+            smooth = (w_sum * lse - sz) / n_cols
+        else:
+            smooth = lse - sz / n_cols
         ce = (1.0 - eps) * ce + eps * smooth
     tl.store(CE_OUT + row, ce)
     tl.store(Z_OUT + row, lse_sq * lse * lse)
@@ -129,10 +135,10 @@ def _ce_rows_kernel(
             if HAS_SOFTCAP:
                 g = g * (1.0 - t * t)
             g = g * logit_scale
-            tl.store(x_ptr + cols, g.to(X.dtype.element_ty), mask=mask)
+            tl.store(g_ptr + cols, g.to(G.dtype.element_ty), mask=mask)
 
 
-def _scales(ce_grad_scale, z_grad_scale, class_weights, device):
+def make_scales(ce_grad_scale, z_grad_scale, class_weights, device):
     def as_t(v):
         if isinstance(v, torch.Tensor):
             return v.to(device=device, dtype=torch.float32).reshape(())
@@ -162,25 +168,42 @@ def ce_rows_triton(
     row_grad: torch.Tensor | None,
     compute_grad: bool,
     argmax_mode: int = 2,
+    scales: torch.Tensor | None = None,
+    out: tuple | None = None,
+    grad_out: torch.Tensor | None = None,
 ):
-    """Same contract as :func:`ce_torch.ce_rows_torch`; ``buf`` must have unit column stride."""
+    """Same contract as :func:`ce_torch.ce_rows_torch`; ``buf`` must have unit column stride.
+
+    ``scales`` (fp32 [3], from :func:`make_scales`) and ``out`` (ce, z, argmax row buffers) let a caller that
+    loops over chunks avoid small per-chunk allocations; ``grad_out`` receives the gradient instead of ``buf``.
+    """
     n, v = buf.shape
     if buf.stride(1) != 1:
         raise ValueError("ce_rows_triton: logits buffer must have unit column stride")
     device = buf.device
-    ce = torch.empty(n, dtype=torch.float32, device=device)
-    zl = torch.empty(n, dtype=torch.float32, device=device)
-    am = torch.zeros(n, dtype=torch.long, device=device) if argmax_mode else ce
+    if out is None:
+        ce = torch.empty(n, dtype=torch.float32, device=device)
+        zl = torch.empty(n, dtype=torch.float32, device=device)
+        am = torch.zeros(n, dtype=torch.long, device=device) if argmax_mode else ce
+    else:
+        ce, zl, am = out
     if n == 0:
         return ce, zl, am
-    target = target.contiguous()
+    g = buf if grad_out is None else grad_out
+    if g.stride(1) != 1 or g.shape != buf.shape:
+        raise ValueError("ce_rows_triton: grad_out must match the logits and have unit column stride")
+    if target.stride(0) != 1:
+        target = target.contiguous()
     cw = class_weights.contiguous() if class_weights is not None else ce
     rg = row_grad.contiguous() if row_grad is not None else ce
-    scales = _scales(ce_grad_scale, z_grad_scale, class_weights, device)
+    if scales is None:
+        scales = make_scales(ce_grad_scale, z_grad_scale, class_weights, device)
     block = tu.row_block(v)
     _ce_rows_kernel[(n,)](
         buf,
         buf.stride(0),
+        g,
+        g.stride(0),
         target,
         ce,
         zl,

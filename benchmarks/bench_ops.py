@@ -1,0 +1,189 @@
+"""Memory-bound ops benchmark (GPU): ours vs liger-kernel 0.8.5 vs HF / PyTorch eager, forward + backward, bf16.
+
+Median ms (triton.testing.do_bench), and achieved bandwidth (estimated bytes that must move / time) against a
+device-to-device copy measured in the same run. The peer is imported here only.
+Usage: python benchmarks/bench_ops.py
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import copy_bandwidth_gbs, env_info, median_ms, write_json  # noqa: E402
+
+from liger_registry import kernels as K  # noqa: E402
+from liger_registry.kernels import reference  # noqa: E402
+
+BF = torch.bfloat16
+
+
+def _rand(*shape, scale=1.0):
+    return (torch.randn(*shape, device="cuda") * scale).to(BF).requires_grad_()
+
+
+def case_rms_norm():
+    n, h = 16384, 4096
+    x, w = _rand(n, h), _rand(h, scale=0.1)
+    dy = torch.randn(n, h, device="cuda").to(BF)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    hf = LlamaRMSNorm(h, 1e-6).to("cuda", BF)
+
+    def peer():
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", True).backward(dy)
+
+    return {
+        "name": f"RMSNorm {n}x{h}", "bytes": 5 * n * h * 2, "grads": [x, w],
+        "ours": lambda: K.rms_norm(x, w, 1e-6).backward(dy),
+        "ours in-place bwd": lambda: K.rms_norm(x, w, 1e-6, in_place_backward=True).backward(dy.clone()),
+        "peer": peer,
+        "eager": lambda: hf(x).backward(dy),
+    }
+
+
+def _glu_case(kind):
+    n, h = 16384, 14336
+    a, b = _rand(n, h), _rand(n, h)
+    dc = torch.randn(n, h, device="cuda").to(BF)
+    ours = K.swiglu if kind == "swiglu" else K.geglu
+    eager = reference.swiglu_torch if kind == "swiglu" else reference.geglu_torch
+
+    def peer():
+        if kind == "swiglu":
+            from liger_kernel.ops.swiglu import LigerSiLUMulFunction as Fn
+        else:
+            from liger_kernel.ops.geglu import LigerGELUMulFunction as Fn
+        Fn.apply(a, b).backward(dc)
+
+    return {
+        "name": f"{'SwiGLU' if kind == 'swiglu' else 'GeGLU'} {n}x{h}", "bytes": 8 * n * h * 2, "grads": [a, b],
+        "ours": lambda: ours(a, b).backward(dc), "peer": peer, "eager": lambda: eager(a, b).backward(dc),
+    }
+
+
+def case_rope():
+    b, hq, hk, s, d = 4, 32, 8, 4096, 128
+    q, k = _rand(b, hq, s, d), _rand(b, hk, s, d)
+    ang = torch.randn(1, s, d // 2, device="cuda")
+    ang = torch.cat([ang, ang], -1)
+    cos, sin = ang.cos().to(BF), ang.sin().to(BF)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    def run(fn):
+        def f():
+            qo, ko = fn(q, k, cos, sin)
+            torch.autograd.backward((qo, ko), (gq, gk))
+
+        return f
+
+    def peer_fn(q_, k_, c_, s_):
+        from liger_kernel.ops.rope import LigerRopeFunction
+
+        return LigerRopeFunction.apply(q_, k_, c_, s_)
+
+    n = q.numel() + k.numel()
+    return {
+        "name": f"RoPE q {b}x{hq}x{s}x{d} + k {b}x{hk}x{s}x{d}", "bytes": 4 * n * 2, "grads": [q, k],
+        "ours": run(K.rope), "peer": run(peer_fn), "eager": run(apply_rotary_pos_emb),
+    }
+
+
+def case_layer_norm():
+    n, h = 16384, 4096
+    x, w, bb = _rand(n, h), _rand(h), _rand(h)
+    dy = torch.randn(n, h, device="cuda").to(BF)
+
+    def peer():
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+        LigerLayerNormFunction.apply(x, w, bb, 1e-5).backward(dy)
+
+    return {
+        "name": f"LayerNorm {n}x{h}", "bytes": 5 * n * h * 2, "grads": [x, w, bb],
+        "ours": lambda: K.layer_norm(x, w, bb, 1e-5).backward(dy), "peer": peer,
+        "eager": lambda: F.layer_norm(x, (h,), w, bb, 1e-5).backward(dy),
+    }
+
+
+def case_cross_entropy():
+    n, v = 4096, 128256
+    logits = _rand(n, v, scale=2.0)
+    t = torch.randint(0, v, (n,), device="cuda")
+
+    def peer():
+        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+
+        out = LigerCrossEntropyFunction.apply(logits, t, None, -100, 0.0, 0.0, "mean", None, False, False, False)
+        (out[0] if isinstance(out, tuple) else out).backward()
+
+    return {
+        "name": f"CrossEntropy {n}x{v}", "bytes": 3 * n * v * 2, "grads": [logits],
+        "ours": lambda: K.cross_entropy(logits, t).backward(), "peer": peer,
+        "eager": lambda: F.cross_entropy(logits.float(), t).backward(),
+    }
+
+
+CASES = [case_rms_norm, case_rope, lambda: _glu_case("swiglu"), lambda: _glu_case("geglu"), case_layer_norm,
+         case_cross_entropy]
+
+
+def main():
+    info = env_info()
+    copy_gbs = copy_bandwidth_gbs()
+    rows, errors = [], []
+    for make in CASES:
+        try:
+            case = make()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"setup: {e!r}")
+            traceback.print_exc()
+            continue
+        row = {"op": case["name"], "bytes": case["bytes"]}
+        for key in [k for k in case if k not in ("name", "bytes", "grads")]:
+            try:
+                case[key]()  # warm-up / compile
+                row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"{case['name']} {key}: {e!r}")
+                traceback.print_exc()
+        if "ours_ms" in row:
+            row["ours_gbs"] = case["bytes"] / (row["ours_ms"] * 1e-3) / 1e9
+            row["ours_frac_copy"] = row["ours_gbs"] / copy_gbs
+            if "peer_ms" in row:
+                row["ours_vs_peer"] = row["ours_ms"] / row["peer_ms"]
+                row["bar_met"] = row["ours_ms"] <= row["peer_ms"]
+            if "eager_ms" in row:
+                row["ours_vs_eager"] = row["ours_ms"] / row["eager_ms"]
+        rows.append(row)
+        del case
+        torch.cuda.empty_cache()
+    path = write_json("bench_ops.json", {"env": info, "copy_gbs": copy_gbs, "rows": rows, "errors": errors})
+    print(f"\nOps fwd+bwd bf16  {info.get('device')}  torch {info['torch']} triton {info['triton']}  "
+          f"copy {copy_gbs:.0f} GB/s (read+write)  json: {path}")
+    print(f"{'op':<44}{'ours ms':>9}{'peer ms':>9}{'eager ms':>10}{'ours/peer':>10}{'ours/eager':>11}{'GB/s':>7}{'/copy':>7}  bar")
+    for r in rows:
+        def f(k, fmt, r=r):
+            return format(r[k], fmt) if k in r else "-".rjust(len(format(0.0, fmt)))
+
+        bar = "" if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
+        print(f"{r['op']:<44}{f('ours_ms', '9.3f')}{f('peer_ms', '9.3f')}{f('eager_ms', '10.3f')}"
+              f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}{f('ours_frac_copy', '7.2f')}  {bar}")
+        if "ours in-place bwd_ms" in r:
+            print(f"{'  (ours, in_place_backward=True)':<44}{r['ours in-place bwd_ms']:9.3f}")
+    for e in errors:
+        print("ERROR", e)
+
+
+if __name__ == "__main__":
+    main()

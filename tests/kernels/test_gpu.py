@@ -1,0 +1,272 @@
+"""GPU checks of the Triton kernels (skipped without CUDA): bf16 and fp32 against float64 references.
+
+Error per tensor: ||out - ref|| / ||ref||. Run on a CUDA machine:
+    LIGER_REGISTRY_BACKEND=auto python -m pytest -q -s tests/kernels/test_gpu.py
+The summary table is printed at the end (and written as JSON to $GPU_TEST_REPORT when set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from liger_registry import kernels as K
+from liger_registry.kernels import reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+# bounds on ||out-ref||/||ref||: fp32 arithmetic (no tf32) and bf16 operands
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+ROWS: list[dict] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    if not ROWS:
+        return
+    width = max(len(r["case"]) for r in ROWS)
+    lines = [f"{'case':<{width}}  {'tensor':<8} {'dtype':<9} {'rel err':>10} {'bound':>8}  ok"]
+    for r in ROWS:
+        lines.append(
+            f"{r['case']:<{width}}  {r['tensor']:<8} {r['dtype']:<9} {r['err']:>10.2e} {r['tol']:>8.0e}  "
+            f"{'yes' if r['ok'] else 'NO'}"
+        )
+    worst = {}
+    for r in ROWS:
+        worst[r["dtype"]] = max(worst.get(r["dtype"], 0.0), r["err"])
+    lines.append(f"{len(ROWS)} tensors checked, {sum(not r['ok'] for r in ROWS)} over bound; worst: {worst}")
+    print("\n" + "\n".join(lines))
+    path = os.environ.get("GPU_TEST_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": ROWS}, f, indent=1)
+
+
+def _check(case, name, out, ref, dtype, tol=None):
+    out64, ref64 = out.detach().double(), ref.detach().double()
+    assert torch.isfinite(out64).all(), f"{case}/{name}: non-finite values"
+    den = ref64.norm().item()
+    err = (out64 - ref64).norm().item() / (den if den > 0 else 1.0)
+    bound = tol if tol is not None else TOL[dtype]
+    ROWS.append({"case": case, "tensor": name, "dtype": str(dtype).replace("torch.", ""), "err": err, "tol": bound,
+                 "ok": err <= bound})
+    assert err <= bound, f"{case}/{name}: rel err {err:.3e} > {bound:.0e}"
+
+
+def _leaf(t, dtype):
+    return t.detach().to(dtype).requires_grad_()
+
+
+def _grads(out, ins, go):
+    return torch.autograd.grad(out, [i for i in ins if i is not None], go)
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def test_auto_backend_is_triton_on_cuda(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "auto")
+    x = torch.randn(4, 8, device="cuda")
+    assert K.backend_for(x, op="rms_norm") == "triton"
+    assert K.backend_for(x.double(), op="rms_norm") == "torch"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"label_smoothing": 0.1, "softcap": 15.0, "lse_square_scale": 1e-4},
+        {"bias": True, "class_weights": True, "logit_scale": 0.5},
+        {"reduction": "none"},
+        {"chunk_mem_const": 8, "reduction": "sum"},
+    ],
+    ids=lambda o: "-".join(o) or "plain",
+)
+def test_flce(dtype, opts):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, h, v = 2051, 1024, 32007
+    opts = dict(opts)
+    hidden = torch.randn(n, h, device="cuda", generator=g)
+    weight = torch.randn(v, h, device="cuda", generator=g) * 0.05
+    target = torch.randint(0, v, (n,), device="cuda", generator=g)
+    target[::7] = -100
+    bias = torch.randn(v, device="cuda", generator=g) * 0.1 if opts.pop("bias", False) else None
+    if opts.pop("class_weights", False):
+        opts["class_weights"] = torch.rand(v, device="cuda", generator=g) + 0.5
+    red = opts.get("reduction", "mean")
+    go = torch.randn(n, device="cuda", generator=g) if red == "none" else torch.tensor(1.3, device="cuda")
+    ins = [_leaf(hidden, dtype), _leaf(weight, dtype), None if bias is None else _leaf(bias, dtype)]
+    out = K.fused_linear_cross_entropy(ins[0], ins[1], target, ins[2], **opts)
+    ref_in = [_leaf(t.to(dtype), torch.float64) if t is not None else None for t in (hidden, weight, bias)]
+    ref_opts = {k: (val.double() if isinstance(val, torch.Tensor) else val) for k, val in opts.items() if k != "chunk_mem_const"}
+    ref = _flce_ref64(ref_in[0], ref_in[1], target, ref_in[2], **ref_opts)
+    case = "flce " + ("-".join(f"{k}" for k in opts) or "plain")
+    _check(case, "loss", out, ref, dtype)
+    names = ["d_hidden", "d_weight", "d_bias"]
+    for name, a, e in zip(names, _grads(out, ins, go.to(out.dtype)), _grads(ref, ref_in, go.double()), strict=False):
+        _check(case, name, a, e, dtype)
+
+
+def _flce_ref64(hidden, weight, target, bias=None, *, label_smoothing=0.0, softcap=None, logit_scale=1.0,
+                lse_square_scale=0.0, reduction="mean", class_weights=None):
+    z = hidden @ weight.t()
+    if bias is not None:
+        z = z + bias
+    z = z * logit_scale
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    valid = target != -100
+    ce = F.cross_entropy(z, target, weight=class_weights, label_smoothing=label_smoothing, reduction=reduction)
+    lse = torch.logsumexp(z, -1)
+    zl = torch.where(valid, lse_square_scale * lse * lse, torch.zeros_like(lse))
+    if reduction == "none":
+        return ce + zl
+    if reduction == "sum":
+        return ce + zl.sum()
+    return ce + zl.sum() / valid.sum()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_flce_edges(dtype):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    v, h = 50257, 512
+    weight = _leaf(torch.randn(v, h, device="cuda", generator=g) * 0.05, dtype)
+    # BT = 1
+    h1 = _leaf(torch.randn(1, h, device="cuda", generator=g), dtype)
+    t1 = torch.tensor([123], device="cuda")
+    out = K.fused_linear_cross_entropy(h1, weight, t1)
+    w64, h64 = _leaf(weight, torch.float64), _leaf(h1, torch.float64)
+    ref = F.cross_entropy(h64 @ w64.t(), t1)
+    _check("flce bt=1", "loss", out, ref, dtype)
+    for name, a, e in zip(["d_hidden", "d_weight"], _grads(out, [h1, weight], None), _grads(ref, [h64, w64], None), strict=True):
+        _check("flce bt=1", name, a, e, dtype)
+    # all ignored: exact zeros
+    hz = _leaf(torch.randn(300, h, device="cuda", generator=g), dtype)
+    out = K.fused_linear_cross_entropy(hz, weight, torch.full((300,), -100, device="cuda"))
+    dh, dw = torch.autograd.grad(out, [hz, weight])
+    assert out.item() == 0.0 and not dh.any() and not dw.any()
+    # non-contiguous hidden
+    big = torch.randn(400, 2 * h, device="cuda", generator=g)
+    hn = big[:, ::2].to(dtype).detach().requires_grad_()
+    t = torch.randint(0, v, (400,), device="cuda", generator=g)
+    out = K.fused_linear_cross_entropy(hn, weight, t, return_predicted_tokens=True)
+    hn64 = _leaf(hn, torch.float64)
+    ref = F.cross_entropy(hn64 @ w64.t(), t)
+    _check("flce non-contiguous", "loss", out.loss, ref, dtype)
+    _check("flce non-contiguous", "d_hidden", _grads(out.loss, [hn], None)[0], _grads(ref, [hn64], None)[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cross_entropy(dtype):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    logits = torch.randn(1031, 50257, device="cuda", generator=g) * 3
+    t = torch.randint(0, 50257, (1031,), device="cuda", generator=g)
+    t[::5] = -100
+    x = _leaf(logits, dtype)
+    out = K.cross_entropy(x, t, label_smoothing=0.05, lse_square_scale=1e-4)
+    x64 = _leaf(logits.to(dtype), torch.float64)
+    lse = torch.logsumexp(x64, -1)
+    valid = t != -100
+    ref = F.cross_entropy(x64, t, label_smoothing=0.05) + (1e-4 * lse * lse)[valid].mean()
+    _check("cross_entropy", "loss", out, ref, dtype)
+    _check("cross_entropy", "d_logits", _grads(out, [x], None)[0], _grads(ref, [x64], None)[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.0)])
+def test_rms_norm(dtype, mode, offset):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x0 = torch.randn(4099, 4096, device="cuda", generator=g)
+    w0 = torch.randn(4096, device="cuda", generator=g) * 0.1 + (0.0 if offset else 1.0)
+    x, w = _leaf(x0, dtype), _leaf(w0, dtype)
+    y = K.rms_norm(x, w, 1e-6, offset, mode)
+    x64, w64 = _leaf(x0.to(dtype), torch.float64), _leaf(w0.to(dtype), torch.float64)
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * (offset + w64)
+    case = f"rms_norm {mode}"
+    _check(case, "y", y, ref, dtype)
+    dy = torch.randn_like(x0)
+    for name, a, e in zip(["dx", "dw"], _grads(y, [x, w], dy.to(y.dtype)), _grads(ref, [x64, w64], dy.double()), strict=True):
+        _check(case, name, a, e, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layer_norm(dtype):
+    g = torch.Generator(device="cuda").manual_seed(4)
+    x0 = torch.randn(4099, 3000, device="cuda", generator=g) + 0.5
+    w0, b0 = torch.randn(3000, device="cuda", generator=g), torch.randn(3000, device="cuda", generator=g)
+    x, w, b = _leaf(x0, dtype), _leaf(w0, dtype), _leaf(b0, dtype)
+    y = K.layer_norm(x, w, b, 1e-5)
+    x64, w64, b64 = (_leaf(t.to(dtype), torch.float64) for t in (x0, w0, b0))
+    ref = F.layer_norm(x64, (3000,), w64, b64, 1e-5)
+    _check("layer_norm", "y", y, ref, dtype)
+    dy = torch.randn_like(x0)
+    for name, a, e in zip(["dx", "dw", "db"], _grads(y, [x, w, b], dy.to(dtype)), _grads(ref, [x64, w64, b64], dy.double()), strict=True):
+        _check("layer_norm", name, a, e, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rope(dtype):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    b, hq, hk, s, d = 2, 32, 8, 1000, 128
+    q0 = torch.randn(b, s, hq, d, device="cuda", generator=g)
+    k0 = torch.randn(b, s, hk, d, device="cuda", generator=g)
+    ang = torch.randn(1, s, d // 2, device="cuda", generator=g) * 10
+    ang = torch.cat([ang, ang], -1)
+    q = q0.to(dtype).transpose(1, 2).requires_grad_()
+    k = k0.to(dtype).transpose(1, 2).requires_grad_()
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    qo, ko = K.rope(q, k, cos, sin)
+    q64, k64 = _leaf(q, torch.float64), _leaf(k, torch.float64)
+    qr, kr = reference.rope_torch(q64, k64, cos.double(), sin.double())
+    _check("rope", "q", qo, qr, dtype)
+    _check("rope", "k", ko, kr, dtype)
+    gq, gk = torch.randn_like(qr), torch.randn_like(kr)
+    got = torch.autograd.grad((qo, ko), [q, k], (gq.to(dtype), gk.to(dtype)))
+    exp = torch.autograd.grad((qr, kr), [q64, k64], (gq, gk))
+    _check("rope", "dq", got[0], exp[0], dtype)
+    _check("rope", "dk", got[1], exp[1], dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_glu(dtype, name):
+    g = torch.Generator(device="cuda").manual_seed(6)
+    a0 = torch.randn(1025, 14336, device="cuda", generator=g) * 2
+    b0 = torch.randn(1025, 14336, device="cuda", generator=g)
+    a, b = _leaf(a0, dtype), _leaf(b0, dtype)
+    y = getattr(K, name)(a, b)
+    a64, b64 = _leaf(a0.to(dtype), torch.float64), _leaf(b0.to(dtype), torch.float64)
+    ref = getattr(reference, f"{name}_torch")(a64, b64)
+    _check(name, "y", y, ref, dtype)
+    dy = torch.randn_like(a0)
+    for n_, x_, e_ in zip(["da", "db"], _grads(y, [a, b], dy.to(dtype)), _grads(ref, [a64, b64], dy.double()), strict=True):
+        _check(name, n_, x_, e_, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_fused_linear_jsd(dtype, beta):
+    from liger_registry.kernels.jsd import jsd_rows_differentiable
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    n, h, v = 1027, 512, 32007
+    sh0, th0 = torch.randn(n, h, device="cuda", generator=g), torch.randn(n, h, device="cuda", generator=g)
+    sw0, tw0 = torch.randn(v, h, device="cuda", generator=g) * 0.05, torch.randn(v, h, device="cuda", generator=g) * 0.05
+    t = torch.randint(0, v, (n,), device="cuda", generator=g)
+    t[::4] = -100
+    sh, sw = _leaf(sh0, dtype), _leaf(sw0, dtype)
+    out = K.fused_linear_jsd(sh, sw, th0.to(dtype), tw0.to(dtype), t, jsd_beta=beta, temperature=2.0)
+    sh64, sw64 = _leaf(sh0.to(dtype), torch.float64), _leaf(sw0.to(dtype), torch.float64)
+    rows = jsd_rows_differentiable(sh64 @ sw64.t(), th0.to(dtype).double() @ tw0.to(dtype).double().t(), beta, 2.0)
+    valid = t != -100
+    ref = rows[valid].sum() / valid.sum()
+    case = f"fused_linear_jsd beta={beta}"
+    _check(case, "loss", out, ref, dtype)
+    for name, a, e in zip(["d_hidden", "d_weight"], _grads(out, [sh, sw], None), _grads(ref, [sh64, sw64], None), strict=True):
+        _check(case, name, a, e, dtype)
