@@ -7,7 +7,7 @@ import torch
 
 import liger_registry as L
 from liger_registry.testing import tiny_batch, tiny_model
-from tests.integrations.helpers import count_calls
+from integration_helpers import count_calls
 
 peft = pytest.importorskip("peft")
 

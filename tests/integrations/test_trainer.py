@@ -8,7 +8,7 @@ from transformers import Trainer
 import liger_registry as L
 from liger_registry.integrations import LigerRegistryCallback, LossOnlyEvalMixin
 from liger_registry.testing import tiny_model
-from tests.integrations.helpers import args, count_calls, losses, rows
+from integration_helpers import args, count_calls, losses, rows
 
 
 class LossOnlyTrainer(LossOnlyEvalMixin, Trainer):
