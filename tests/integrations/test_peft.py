@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from integration_helpers import count_calls
 
 import liger_registry as L
 from liger_registry.testing import tiny_batch, tiny_model
-from integration_helpers import count_calls
 
 peft = pytest.importorskip("peft")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from integration_helpers import args, count_calls, losses, rows
 from transformers import Trainer
 
 import liger_registry as L
 from liger_registry.integrations import LigerRegistryCallback, LossOnlyEvalMixin
 from liger_registry.testing import tiny_model
-from integration_helpers import args, count_calls, losses, rows
 
 
 class LossOnlyTrainer(LossOnlyEvalMixin, Trainer):
