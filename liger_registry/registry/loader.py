@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from liger_registry.registry.errors import RegistryError, UnsupportedModelError
+from liger_registry.registry.errors import RegistryError, UnsupportedModelError, suggest
 from liger_registry.registry.yaml_source import load_model
 from liger_registry.schemas import FamilyEntry, PolicyFile
 
@@ -90,8 +91,43 @@ def registry_directories(extra_dirs: Iterable[str | os.PathLike]) -> list[Path]:
     return [BUNDLED_FAMILIES, BUNDLED_POLICIES, *plugin_directories(), *env, *(Path(d) for d in extra_dirs)]
 
 
+_FUNCTION = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
+
+
+def code_problems(loaded: LoadedFamily) -> list[str]:
+    """What a family entry names that is not registered code: YAML never makes us import anything.
+
+    The forward must be in the forwards table (plugins fill it when their entry point loads, before any
+    YAML is read); functions are names in the family's module or `transformers.<module>:<name>`.
+    """
+    from liger_registry.forwards import registered_forwards
+
+    entry, problems = loaded.entry, []
+    forwards = registered_forwards()
+    if entry.forward not in forwards:
+        problems.append(
+            f"{loaded.path}: forward: {entry.forward!r} is not a registered forward{suggest(entry.forward, forwards)}; "
+            f"registered: {', '.join(sorted(forwards))} (forwards are registered by code, never named by path)"
+        )
+    names = {"causal_lm": entry.causal_lm}
+    for kernel in ("rope", "cross_entropy"):
+        spec = getattr(entry.kernels, kernel)
+        if spec is not None:
+            names[f"kernels.{kernel}.function"] = spec.function
+    for key, name in names.items():
+        if not _FUNCTION.match(name):
+            problems.append(
+                f"{loaded.path}: {key}: {name!r} must be a name in the family's module "
+                "or 'transformers.<module>:<name>' (only modules under transformers may be named)"
+            )
+    return problems
+
+
 def _add_family(registry: Registry, loaded: LoadedFamily, problems: list[str]) -> None:
     entry = loaded.entry
+    if found := code_problems(loaded):
+        problems.extend(found)
+        return
     if entry.family in registry.families:
         other = registry.families[entry.family].path
         problems.append(f"{loaded.path}: family {entry.family!r} is already defined in {other}")
