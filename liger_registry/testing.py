@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, PretrainedConfig
 
 from liger_registry.registry.loader import Registry, load_registry
+from liger_registry.registry.targets import resolve_class
 
 SMALL = {
     "vocab_size": 128,
@@ -35,18 +36,31 @@ def tiny_config(model_type: str, registry: Registry | None = None, **overrides: 
     registry = registry or load_registry()
     entry = registry.family_for(model_type).entry
     config = AutoConfig.for_model(model_type)
-    known = config.to_dict()
-    for key, value in {**{k: v for k, v in SMALL.items() if k in known}, **entry.tiny_config, **overrides}.items():
-        setattr(config, key, value)
+    configs = [config] + ([config.get_text_config()] if config.get_text_config() is not config else [])
+    for sub in configs:  # a multimodal config's language model gets the small sizes too
+        known = sub.to_dict()
+        _update(sub, {k: v for k, v in SMALL.items() if k in known})
+    _update(config, {**entry.tiny_config, **overrides})
     return config
 
 
+def _update(config: PretrainedConfig, values: dict[str, Any]) -> None:
+    """Set config values; a dict for a nested config (text_config, vision_config) updates that config."""
+    for key, value in values.items():
+        current = getattr(config, key, None)
+        if isinstance(value, dict) and isinstance(current, PretrainedConfig):
+            _update(current, value)
+        else:
+            setattr(config, key, value)
+
+
 def tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32, registry: Registry | None = None, **overrides: Any):
-    """A randomly initialised causal LM of the family, on CPU."""
+    """A randomly initialised model of the family's `causal_lm` class (the head FLCE patches), on CPU."""
+    registry = registry or load_registry()
     config = tiny_config(model_type, registry, **overrides)
+    entry = registry.family_for(model_type).entry
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model
+    return resolve_class(entry, entry.causal_lm)._from_config(config, dtype=dtype)
 
 
 def tiny_batch(model, batch: int = 2, seq: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:

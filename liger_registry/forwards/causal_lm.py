@@ -44,7 +44,7 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
     head = ctx.entry.head
     shift_labels = _shift_labels(labels, extra)
     num_items = extra.get("num_items_in_batch")
-    softcap, scale = logit_transform(text_config(model.config, head.text_config_attr), head.softcap_attr, head.logit_scale_attr)
+    softcap, scale = logit_transform(text_config(model.config, head.text_config_attr), head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr)
     accuracy = bool(extra.get("return_token_accuracy"))
 
     def compute(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -106,7 +106,7 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
         warn_unfusable(getattr(model, ctx.entry.head.lm_head))
     head = ctx.entry.head
     config = text_config(model.config, head.text_config_attr)
-    logits = postprocess_logits(getattr(model, head.lm_head)(hidden), *logit_transform(config, head.softcap_attr, head.logit_scale_attr))
+    logits = postprocess_logits(getattr(model, head.lm_head)(hidden), *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr))
     loss = None
     if has_labels:
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
@@ -139,18 +139,34 @@ def causal_lm(model, ctx: ForwardContext, *args, skip_logits: bool | None = None
     return _output(ctx, outputs, named, loss=loss, logits=logits)
 
 
+def _moe_constant(model: Any, config: Any, *names: str) -> Any:
+    """An MoE constant as the original reads it: the ForCausalLM's own attribute, else the (text) config's."""
+    value = getattr(model, names[0], None)
+    for name in names:
+        value = getattr(config, name, None) if value is None else value
+    if value is None:
+        raise AttributeError(f"liger_registry: neither the model nor its config has {' or '.join(names)}")
+    return value
+
+
 @register_forward("causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.")
 def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
     named, extra = ctx.bind(model, args, kwargs)
-    if ctx.entry.head.router_logits_from_config and named.get("output_router_logits") is None:
-        named["output_router_logits"] = getattr(model.config, "output_router_logits", False)
+    config = text_config(model.config, ctx.entry.head.text_config_attr)
+    # A named parameter of the original, or (some multimodal heads) one of its **kwargs.
+    router = named if "output_router_logits" in ctx.signature.parameters else extra
+    if ctx.entry.head.router_logits_from_config and router.get("output_router_logits") is None:
+        router["output_router_logits"] = getattr(config, "output_router_logits", False)
     outputs = _base_call(model, ctx, named, extra)
     loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)
     aux_loss = None
-    if named.get("output_router_logits"):
+    if router.get("output_router_logits"):
         aux_loss = ctx.module.load_balancing_loss_func(
-            outputs.router_logits, model.num_experts, model.num_experts_per_tok, named.get("attention_mask")
+            outputs.router_logits,
+            _moe_constant(model, config, "num_experts", "num_local_experts"),
+            _moe_constant(model, config, "num_experts_per_tok"),
+            named.get("attention_mask"),
         )
         if loss is not None:
-            loss = loss + model.router_aux_loss_coef * aux_loss.to(loss.device)
+            loss = loss + _moe_constant(model, config, "router_aux_loss_coef") * aux_loss.to(loss.device)
     return _output(ctx, outputs, named, loss=loss, logits=logits, aux_loss=aux_loss)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -31,10 +32,14 @@ class ForwardContext:
 
     def _output_class(self) -> type:
         annotation = self.signature.return_annotation
-        if isinstance(annotation, str):
-            annotation = getattr(self.module, annotation, None) or getattr(modeling_outputs, annotation, None)
-        if isinstance(annotation, type) and hasattr(annotation, "__dataclass_fields__"):
-            return annotation
+        # `tuple | XCausalLMOutputWithPast` (multimodal heads): the ModelOutput member of the union.
+        members = annotation.split("|") if isinstance(annotation, str) else typing.get_args(annotation) or [annotation]
+        for member in members:
+            if isinstance(member, str):
+                member = member.strip().rpartition(".")[2]
+                member = getattr(self.module, member, None) or getattr(modeling_outputs, member, None)
+            if isinstance(member, type) and hasattr(member, "__dataclass_fields__"):
+                return member
         return getattr(modeling_outputs, _FALLBACK_OUTPUT.get(self.entry.forward, "CausalLMOutputWithPast"))
 
     def bind(self, model: Any, args: tuple, kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -117,11 +117,16 @@ def text_config(config: Any, attr: str | None) -> Any:
     return getattr(config, attr) if attr else config
 
 
-def logit_transform(config: Any, softcap_attr: str | None, scale_attr: str | None) -> tuple[float | None, float]:
-    """(softcap, scale) the family's original forward applies to its logits."""
+def logit_transform(
+    config: Any, softcap_attr: str | None, scale_attr: str | None, multiplier_attr: str | None = None
+) -> tuple[float | None, float]:
+    """(softcap, scale) the family's original forward applies to its logits: divided by `scale_attr`,
+    multiplied by `multiplier_attr`, then softcapped."""
     softcap = getattr(config, softcap_attr, None) if softcap_attr else None
     divisor = getattr(config, scale_attr, None) if scale_attr else None
-    return softcap, (1.0 / divisor if divisor else 1.0)
+    multiplier = getattr(config, multiplier_attr, None) if multiplier_attr else None
+    scale = (1.0 / divisor if divisor else 1.0) * (1.0 if multiplier is None else float(multiplier))
+    return softcap, scale
 
 
 def postprocess_logits(logits: torch.Tensor, softcap: float | None, scale: float) -> torch.Tensor:

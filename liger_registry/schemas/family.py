@@ -41,6 +41,9 @@ class HeadSpec(StrictModel):
     logit_scale_attr: str | None = Field(
         None, description="Config attribute the logits are divided by (granite's logits_scaling), if any."
     )
+    logit_multiplier_attr: str | None = Field(
+        None, description="Config attribute the logits are multiplied by (falcon_h1's lm_head_multiplier), if any."
+    )
     router_logits_from_config: StrictBool = Field(
         True,
         description="MoE: output_router_logits=None falls back to config.output_router_logits, as the original does.",
