@@ -1,0 +1,161 @@
+"""Convergence parity harness: one family's tiny model trained unpatched and patched, with every difference measured."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+import liger_registry as L
+from liger_registry.registry import load_registry
+from liger_registry.registry.loader import Registry
+from liger_registry.testing import tiny_batch, tiny_model
+
+REGISTRY = load_registry()
+RESULTS: list[tuple[Result, str]] = []  # filled by the tests, printed by conftest's terminal summary
+STEPS = 3
+LR = 1e-3
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    loss: float  # per-step training loss and eval losses: |a - b| <= loss * (1 + |b|)
+    weight: float  # final weights: max |a - b|
+    logits: float  # eval-mode logits (skip_logits=False): max |a - b| <= logits * (1 + max |b|)
+
+
+FP32 = Tolerance(loss=1e-5, weight=1e-5, logits=1e-5)
+BF16 = Tolerance(loss=2e-2, weight=1e-2, logits=5e-2)
+
+
+@dataclass
+class Result:
+    """Differences between the unpatched and the patched run (max absolute unless said otherwise)."""
+
+    family: str
+    device: str
+    dtype: str
+    chunk_mem_const: int | None
+    loss: float = 0.0  # over the training steps, relative as Tolerance.loss
+    weight: float = 0.0
+    logits: float = 0.0  # relative as Tolerance.logits
+    eval_loss_train: float = 0.0
+    eval_loss_eval: float = 0.0
+    patched: list[str] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    def failures(self, tol: Tolerance) -> list[str]:
+        checks = {
+            "loss": (self.loss, tol.loss),
+            "weight": (self.weight, tol.weight),
+            "logits": (self.logits, tol.logits),
+            "eval_loss_train": (self.eval_loss_train, tol.loss),
+            "eval_loss_eval": (self.eval_loss_eval, tol.loss),
+        }
+        return [f"{name}: {value:.3g} > {limit:.3g}" for name, (value, limit) in checks.items() if not value <= limit]
+
+
+def _has_head(family: str) -> bool:
+    return REGISTRY.families[family].entry.flce.enabled
+
+
+def _moe(family: str) -> bool:
+    return REGISTRY.families[family].entry.forward == "causal_lm_moe"
+
+
+def _loss(family: str, out) -> torch.Tensor:
+    """The model's loss, or for a decoder without a head (kernel-only entries) a loss on its hidden states."""
+    if _has_head(family):
+        return out.loss
+    return out.last_hidden_state.float().pow(2).mean()
+
+
+def _outputs(family: str, out) -> torch.Tensor:
+    return (out.logits if _has_head(family) else out.last_hidden_state).float()
+
+
+def _batches(model, device: str) -> list[dict]:
+    return [{k: v.to(device) for k, v in tiny_batch(model, batch=2, seq=16, seed=i).items()} for i in range(STEPS + 1)]
+
+
+def _call(family: str, model, batch: dict, **kwargs):
+    if not _has_head(family):
+        batch = {k: v for k, v in batch.items() if k != "labels"}
+    elif _moe(family):
+        kwargs.setdefault("output_router_logits", True)  # exercise the router load-balancing loss too
+    return model(**batch, **kwargs)
+
+
+def _train_and_eval(family: str, model, batches: list[dict], skip_check: bool) -> dict:
+    optimiser = torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-6)
+    losses = []
+    model.train()
+    for step, batch in enumerate(batches[:STEPS]):
+        torch.manual_seed(1000 + step)
+        out = _call(family, model, batch)
+        if skip_check and _has_head(family) and out.logits is not None:
+            raise AssertionError(f"{family}: patched training forward with labels returned logits (FLCE not used)")
+        loss = _loss(family, out)
+        loss.backward()
+        optimiser.step()
+        optimiser.zero_grad(set_to_none=True)
+        losses.append(loss.detach().float())
+    held_out = batches[STEPS]
+    with torch.no_grad():
+        torch.manual_seed(2000)
+        model.train()
+        eval_loss_train = _loss(family, _call(family, model, held_out)).float()
+        model.eval()
+        eval_loss_eval = _loss(family, _call(family, model, held_out)).float()
+        kwargs = {"skip_logits": False} if _has_head(family) else {}
+        outputs = _outputs(family, _call(family, model, held_out, **kwargs))
+    weights = {name: p.detach().float().clone() for name, p in model.named_parameters()}
+    return {
+        "losses": torch.stack(losses),
+        "eval_loss_train": eval_loss_train,
+        "eval_loss_eval": eval_loss_eval,
+        "outputs": outputs,
+        "weights": weights,
+    }
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a - b).abs() / (1 + b.abs())).max())
+
+
+def run_parity(
+    family: str,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    chunk_mem_const: int | None = None,
+    registry: Registry | None = None,
+) -> Result:
+    """Train the family's tiny model unpatched, then a copy of the same initial weights patched, on the same data."""
+    registry = registry or REGISTRY
+    entry = registry.families[family].entry
+    reference = tiny_model(entry.model_types[0], dtype=dtype, registry=registry).to(device)
+    candidate = copy.deepcopy(reference)
+    batches = _batches(reference, device)
+    # The unpatched run is finished before apply(): rotary embedding is patched module-wide.
+    expected = _train_and_eval(family, reference, batches, skip_check=False)
+    overrides = {} if chunk_mem_const is None else {"chunk_mem_const": chunk_mem_const}
+    with L.patched(candidate, registry=registry, **overrides) as handle:
+        patched = [f"{r.kernel}:{r.target}" for r in handle.report.patched]
+        got = _train_and_eval(family, candidate, batches, skip_check=True)
+        used_c = handle.report.config.entry.flce.chunk_mem_const
+    weight = max(float((got["weights"][n] - w).abs().max()) for n, w in expected["weights"].items())
+    logits_scale = 1 + float(expected["outputs"].abs().max())
+    return Result(
+        family=family,
+        device=device,
+        dtype=str(dtype).removeprefix("torch."),
+        chunk_mem_const=used_c if entry.flce.enabled else None,
+        loss=_rel(got["losses"], expected["losses"]),
+        weight=weight,
+        logits=float((got["outputs"] - expected["outputs"]).abs().max()) / logits_scale,
+        eval_loss_train=_rel(got["eval_loss_train"], expected["eval_loss_train"]),
+        eval_loss_eval=_rel(got["eval_loss_eval"], expected["eval_loss_eval"]),
+        patched=patched,
+        losses=[float(x) for x in expected["losses"]],
+    )
