@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -10,6 +11,7 @@ import torch
 import liger_registry as L
 from liger_registry.registry import load_registry
 from liger_registry.registry.loader import Registry
+from liger_registry.registry.targets import resolve_class
 from liger_registry.testing import tiny_batch, tiny_model
 
 REGISTRY = load_registry()
@@ -56,8 +58,14 @@ class Result:
         return [f"{name}: {value:.3g} > {limit:.3g}" for name, (value, limit) in checks.items() if not value <= limit]
 
 
-def _has_head(family: str) -> bool:
+def _fused(family: str) -> bool:
     return REGISTRY.families[family].entry.flce.enabled
+
+
+def _has_head(family: str) -> bool:
+    """Whether the family's class computes a loss from labels (kernel-only _text entries are bare decoders)."""
+    entry = REGISTRY.families[family].entry
+    return "labels" in inspect.signature(resolve_class(entry, entry.causal_lm).forward).parameters
 
 
 def _moe(family: str) -> bool:
@@ -94,7 +102,7 @@ def _train_and_eval(family: str, model, batches: list[dict], skip_check: bool) -
     for step, batch in enumerate(batches[:STEPS]):
         torch.manual_seed(1000 + step)
         out = _call(family, model, batch)
-        if skip_check and _has_head(family) and out.logits is not None:
+        if skip_check and _fused(family) and out.logits is not None:
             raise AssertionError(f"{family}: patched training forward with labels returned logits (FLCE not used)")
         loss = _loss(family, out)
         loss.backward()
@@ -108,7 +116,7 @@ def _train_and_eval(family: str, model, batches: list[dict], skip_check: bool) -
         eval_loss_train = _loss(family, _call(family, model, held_out)).float()
         model.eval()
         eval_loss_eval = _loss(family, _call(family, model, held_out)).float()
-        kwargs = {"skip_logits": False} if _has_head(family) else {}
+        kwargs = {"skip_logits": False} if _fused(family) else {}
         outputs = _outputs(family, _call(family, model, held_out, **kwargs))
     weights = {name: p.detach().float().clone() for name, p in model.named_parameters()}
     return {
