@@ -56,3 +56,20 @@ def test_apply_on_a_compiled_model_patches_the_inner_model():
     with L.patched(compiled) as handle:
         assert handle.report.family == "llama" and "forward" in vars(model)
     assert "forward" not in vars(model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor on the GPU: Triton kernels inside the graph")
+def test_inductor_on_the_gpu_matches_eager():
+    model = tiny_model("llama", hidden_size=128, intermediate_size=256, head_dim=32).cuda()
+    batch = {k: v.cuda() for k, v in tiny_batch(model, batch=2, seq=64).items()}
+    model.train()
+    with L.patched(model):
+        eager = loss_and_grads(model, model, batch)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(model)(**batch)
+        assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
+        torch._dynamo.reset()
+        got = loss_and_grads(torch.compile(model), model, batch)
+    torch.testing.assert_close(got[0], eager[0], rtol=1e-4, atol=1e-5)
+    for name, grad in eager[1].items():
+        torch.testing.assert_close(got[1][name], grad, rtol=1e-3, atol=1e-5, msg=name)
