@@ -53,6 +53,8 @@ class ForwardContext:
             elif kind is not inspect.Parameter.VAR_POSITIONAL:
                 named[name] = value
         named.pop(next(iter(self.signature.parameters)))
+        if "return_dict" in extra:  # the original's @can_return_tuple takes it from **kwargs
+            named["return_dict"] = extra.pop("return_dict")
         return named, extra
 
     def default(self, name: str) -> Any:

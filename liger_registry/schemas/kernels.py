@@ -88,12 +88,12 @@ class CrossEntropySpec(KernelSpec):
 class KernelsSpec(StrictModel):
     """Which kernels a family gets; a kernel left out is not installed."""
 
-    rms_norm: RmsNormSpec | None = None
-    rope: RopeSpec | None = None
-    swiglu: GluSpec | None = None
-    geglu: GluSpec | None = None
-    layer_norm: LayerNormSpec | None = None
-    cross_entropy: CrossEntropySpec | None = None
+    rms_norm: RmsNormSpec | None = Field(None, description="Fused RMSNorm on the listed norm classes.")
+    rope: RopeSpec | None = Field(None, description="Fused rotary embedding of q and k together.")
+    swiglu: GluSpec | None = Field(None, description="Fused silu(gate) * up in the listed MLP classes.")
+    geglu: GluSpec | None = Field(None, description="Fused gelu_tanh(gate) * up in the listed MLP classes.")
+    layer_norm: LayerNormSpec | None = Field(None, description="Fused LayerNorm on the listed classes.")
+    cross_entropy: CrossEntropySpec | None = Field(None, description="Cross entropy on materialised logits.")
 
 
 KERNEL_NAMES = tuple(KernelsSpec.model_fields)

@@ -20,12 +20,12 @@ class KernelPatch(StrictModel):
 class KernelsPatch(StrictModel):
     """Per-kernel changes."""
 
-    rms_norm: KernelPatch | None = None
-    rope: KernelPatch | None = None
-    swiglu: KernelPatch | None = None
-    geglu: KernelPatch | None = None
-    layer_norm: KernelPatch | None = None
-    cross_entropy: KernelPatch | None = None
+    rms_norm: KernelPatch | None = Field(None, description="Changes to the RMSNorm kernel.")
+    rope: KernelPatch | None = Field(None, description="Changes to the rotary-embedding kernel.")
+    swiglu: KernelPatch | None = Field(None, description="Changes to the SwiGLU kernel.")
+    geglu: KernelPatch | None = Field(None, description="Changes to the GeGLU kernel.")
+    layer_norm: KernelPatch | None = Field(None, description="Changes to the LayerNorm kernel.")
+    cross_entropy: KernelPatch | None = Field(None, description="Changes to the cross-entropy kernel.")
 
 
 class FlcePatch(StrictModel):
@@ -47,10 +47,10 @@ class PolicyFile(StrictModel):
     policy: str = Field(..., description="Policy name, shown as the provenance of what it sets.")
     applies_to: list[str] = Field(..., min_length=1, description="Family names it applies to; '*' for all.")
     reason: str = Field(..., description="Why the policy exists.")
-    kernels: KernelsPatch | None = None
-    flce: FlcePatch | None = None
-    fused_linear_jsd: JsdPatch | None = None
-    skip_logits: SkipLogitsMode | None = None
+    kernels: KernelsPatch | None = Field(None, description="Per-kernel changes.")
+    flce: FlcePatch | None = Field(None, description="Fused linear cross entropy knobs.")
+    fused_linear_jsd: JsdPatch | None = Field(None, description="Distillation-loss knobs.")
+    skip_logits: SkipLogitsMode | None = Field(None, description="The skip_logits default for these families.")
 
     def applies(self, family: str) -> bool:
         return "*" in self.applies_to or family in self.applies_to

@@ -1,0 +1,66 @@
+"""Layering: defaults < family < bundled policy < user policy < overrides, each knob with its source."""
+
+import pytest
+
+import liger_registry
+from liger_registry.kernels import flce_chunk_geometry
+from liger_registry.registry.errors import RegistryError
+
+CORE = ["llama", "mistral", "qwen2", "qwen3"]
+
+
+def test_gpt_oss_gets_c8_from_its_bundled_policy():
+    explanation = liger_registry.explain("gpt_oss")
+    assert explanation.value("flce.chunk_mem_const") == 8
+    source = explanation.source("flce.chunk_mem_const")
+    assert (source.layer, source.name) == (3, "gpt_oss")
+
+
+@pytest.mark.parametrize("model_type", CORE)
+def test_other_families_get_c1(model_type):
+    explanation = liger_registry.explain(model_type)
+    assert explanation.value("flce.chunk_mem_const") == 1
+    assert explanation.config.policies == []
+
+
+def test_user_policy_then_override_win_in_order(tmp_path):
+    policy = tmp_path / "mine.yaml"
+    policy.write_text("policy: mine\napplies_to: [llama]\nreason: test\nflce: {chunk_mem_const: 4}\nskip_logits: labels\n")
+    explanation = liger_registry.explain("llama", policy=policy)
+    assert explanation.value("flce.chunk_mem_const") == 4 and explanation.source("flce.chunk_mem_const").layer == 4
+    assert explanation.value("skip_logits") == "labels"
+    overridden = liger_registry.explain("llama", policy=policy, chunk_mem_const=16)
+    assert overridden.value("flce.chunk_mem_const") == 16 and overridden.source("flce.chunk_mem_const").layer == 5
+    assert overridden.source("kernels.rms_norm.casting_mode").layer == 2
+    assert overridden.source("kernels.rms_norm.eps_attr").layer == 1
+
+
+def test_user_policy_scoped_to_other_family_does_not_apply(tmp_path):
+    policy = tmp_path / "other.yaml"
+    policy.write_text("policy: other\napplies_to: [qwen3]\nreason: test\nflce: {chunk_mem_const: 4}\n")
+    assert liger_registry.explain("llama", policy=policy).value("flce.chunk_mem_const") == 1
+
+
+def test_flce_policy_leaves_jsd_knob_alone():
+    explanation = liger_registry.explain("gpt_oss")
+    assert explanation.value("fused_linear_jsd.chunk_mem_const") == 1
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"chunk_mem_cosnt": 2}, "did you mean 'chunk_mem_const'"),
+        ({"chunk_mem_const": True}, "chunk_mem_const"),
+        ({"chunk_mem_const": 0}, "chunk_mem_const"),
+        ({"skip_logits": "always"}, "skip_logits"),
+        ({"geglu": True}, "declares no geglu kernel"),
+    ],
+)
+def test_bad_overrides_are_errors(overrides, match):
+    with pytest.raises(RegistryError, match=match):
+        liger_registry.explain("llama", **overrides)
+
+
+@pytest.mark.parametrize("c, expected", [(1, (256, 32)), (8, (2048, 4)), (16, (4096, 2))])
+def test_design_chunk_geometries(c, expected):
+    assert flce_chunk_geometry(8192, 4096, 128256, chunk_mem_const=c) == expected

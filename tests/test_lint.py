@@ -1,0 +1,90 @@
+"""The lint proves skip_logits handling: it passes the bundled registry and fails bad forwards."""
+
+import json
+
+import pytest
+
+from liger_registry import cli
+from liger_registry.forwards import register_forward
+from liger_registry.forwards import registry as forward_table
+from liger_registry.forwards.causal_lm import _base_call, _output
+from liger_registry.lint import lint_forward
+
+
+def test_lint_forward_flags_kwargs_only_forward():
+    def llama4_style(self, input_ids=None, labels=None, **kwargs):
+        return None
+
+    findings = lint_forward(llama4_style)
+    assert [f.check for f in findings] == ["skip-logits"]
+
+
+def test_lint_forward_flags_missing_original_parameters():
+    def original(self, input_ids=None, cache=None, logits_to_keep=0, **kwargs):
+        return None
+
+    def narrow(self, input_ids=None, *, skip_logits=None):
+        return None
+
+    findings = lint_forward(narrow, original)
+    assert {f.message.split("'")[1] for f in findings if f.check == "signature"} == {"cache", "logits_to_keep", "kwargs"}
+
+
+def test_bundled_registry_is_clean(capsys):
+    assert cli.main(["lint", "--deep"]) == 0
+    assert "well-formed" in capsys.readouterr().out
+
+
+@pytest.fixture
+def bad_family(tmp_path):
+    """A family YAML that names a forward registered for the test, removed afterwards."""
+
+    def make(name, fn):
+        register_forward(name)(fn)
+        (tmp_path / f"{name}.yaml").write_text(
+            f"family: {name}\nmodel_types: [{name}]\nmodule: transformers.models.llama.modeling_llama\n"
+            f"causal_lm: LlamaForCausalLM\nforward: {name}\n"
+        )
+        return str(tmp_path)
+
+    yield make
+    for name in ("no_skip", "ignores_skip"):
+        forward_table._FORWARDS.pop(name, None)
+
+
+def test_lint_exits_1_on_a_forward_without_skip_logits(bad_family, capsys):
+    def no_skip(self, ctx, *args, **kwargs):
+        named, extra = ctx.bind(self, args, kwargs)
+        return _output(ctx, _base_call(self, ctx, named, extra), named)
+
+    directory = bad_family("no_skip", no_skip)
+    assert cli.main(["lint", "--registry", directory, "--format", "json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any(f["check"] == "skip-logits" and "no_skip" in f["where"] for f in report["findings"])
+
+
+def test_lint_deep_exits_1_on_a_forward_that_ignores_skip_logits(bad_family, monkeypatch, capsys):
+    from liger_registry import testing
+
+    def ignores_skip(self, ctx, *args, skip_logits=None, **kwargs):
+        named, extra = ctx.bind(self, args, kwargs)
+        outputs = _base_call(self, ctx, named, extra)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = self.loss_function(logits=logits, labels=named.get("labels"), vocab_size=self.config.vocab_size)
+        return _output(ctx, outputs, named, loss=loss, logits=logits)
+
+    directory = bad_family("ignores_skip", ignores_skip)
+    real = testing.tiny_config
+
+    def llama_config_tagged(model_type, registry=None, **overrides):
+        """A Llama config that reports the test family's model type, so apply() picks the test entry."""
+        config = real("llama" if model_type == "ignores_skip" else model_type, registry, **overrides)
+        config.model_type = model_type
+        return config
+
+    monkeypatch.setattr(testing, "tiny_config", llama_config_tagged)
+    assert cli.main(["lint", "--registry", directory]) == 0  # the signature is right: only running it shows the bug
+    capsys.readouterr()
+    assert cli.main(["lint", "--deep", "--registry", directory]) == 1
+    out = capsys.readouterr().out
+    assert "ignores_skip.yaml (deep)" in out and "logits returned" in out
