@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 import liger_registry as L
+from liger_registry.kernels.op import backend_for
 from liger_registry.registry import load_registry
 from liger_registry.registry.loader import Registry
 from liger_registry.registry.targets import resolve_class
@@ -39,6 +41,7 @@ class Result:
     device: str
     dtype: str
     chunk_mem_const: int | None
+    backend: str = ""  # what kernel dispatch chose for this device
     loss: float = 0.0  # over the training steps, relative as Tolerance.loss
     weight: float = 0.0
     logits: float = 0.0  # relative as Tolerance.logits
@@ -56,6 +59,29 @@ class Result:
             "eval_loss_eval": (self.eval_loss_eval, tol.loss),
         }
         return [f"{name}: {value:.3g} > {limit:.3g}" for name, (value, limit) in checks.items() if not value <= limit]
+
+
+HEADER = (
+    f"{'device':<6} {'dtype':<8} {'family':<18} {'C':>3} {'backend':>7} {'loss':>9} {'weight':>9} {'logits':>9} "
+    f"{'ev_train':>9} {'ev_eval':>9}  result"
+)
+
+
+def format_row(r: Result, verdict: str) -> str:
+    c = "-" if r.chunk_mem_const is None else str(r.chunk_mem_const)
+    return (
+        f"{r.device:<6} {r.dtype:<8} {r.family:<18} {c:>3} {r.backend:>7} {r.loss:>9.2e} {r.weight:>9.2e} "
+        f"{r.logits:>9.2e} {r.eval_loss_train:>9.2e} {r.eval_loss_eval:>9.2e}  {verdict}"
+    )
+
+
+def record(result: Result, verdict: str) -> None:
+    """Keep the row for the summary; with PARITY_ROWS set, also append it to that file as the run goes."""
+    RESULTS.append((result, verdict))
+    path = os.environ.get("PARITY_ROWS")
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(format_row(result, verdict) + "\n")
 
 
 def _fused(family: str) -> bool:
@@ -159,6 +185,7 @@ def run_parity(
         device=device,
         dtype=str(dtype).removeprefix("torch."),
         chunk_mem_const=used_c if entry.flce.enabled else None,
+        backend=backend_for(torch.empty(1, device=device)),
         loss=_rel(got["losses"], expected["losses"]),
         weight=weight,
         logits=float((got["outputs"] - expected["outputs"]).abs().max()) / logits_scale,

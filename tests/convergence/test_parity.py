@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 from packaging.version import Version
-from parity_harness import BF16, FP32, REGISTRY, RESULTS, run_parity
+from parity_harness import BF16, FP32, REGISTRY, record, run_parity
 
 from liger_registry.registry.loader import LoadedFamily, Registry
 
@@ -37,7 +37,7 @@ def _skip_broken(family: str) -> None:
 
 def _check(result, tol, required: bool = True) -> None:
     failures = result.failures(tol)
-    RESULTS.append((result, "PASS" if not failures else ("FAIL" if required else "FAIL (reported)")))
+    record(result, "PASS" if not failures else ("FAIL" if required else "FAIL (reported)"))
     assert result.patched, f"{result.family}: nothing was patched"
     if required:
         assert not failures, f"{result.family} ({result.device}, {result.dtype}): " + "; ".join(failures)
