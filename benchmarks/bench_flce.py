@@ -52,7 +52,7 @@ def peer_fn(h, w, t, c):
     return f
 
 
-def ours_fn(h, w, t, c, overlap="1"):
+def ours_fn(h, w, t, c, overlap="0"):
     def f():
         os.environ["LIGER_REGISTRY_FLCE_OVERLAP"] = overlap
         K.fused_linear_cross_entropy(h, w, t, chunk_mem_const=c).backward()
@@ -108,10 +108,16 @@ def main():
     for c in CS:
         peer = measure("liger-kernel 0.8.5", c, lambda hh, ww, tt, c=c: peer_fn(hh, ww, tt, c))
         ours = measure("liger_registry", c, lambda hh, ww, tt, c=c: ours_fn(hh, ww, tt, c))
-        if not quick:
-            measure("liger_registry no-overlap", c, lambda hh, ww, tt, c=c: ours_fn(hh, ww, tt, c, "0"))
+        # second measurement of both (A B A B): the spread between repeats is the noise floor of the ratios
+        peer2 = measure("liger-kernel 0.8.5 (repeat)", c, lambda hh, ww, tt, c=c: peer_fn(hh, ww, tt, c))
+        ours2 = measure("liger_registry (repeat)", c, lambda hh, ww, tt, c=c: ours_fn(hh, ww, tt, c))
+        for a, b in ((ours, ours2), (peer, peer2)):
+            for kind in data:
+                if f"{kind}_ms" in a and f"{kind}_ms" in b:
+                    m = min(a[f"{kind}_ms"], b[f"{kind}_ms"])
+                    a[f"{kind}_best_ms"] = m
         for kind in data:
-            k = f"{kind}_ms"
+            k = f"{kind}_best_ms"
             if k in ours and k in peer:
                 ours[f"{kind}_ratio"] = ours[k] / peer[k]
         if "peak_mib" in ours and "peak_mib" in peer:
@@ -133,7 +139,7 @@ def main():
     path = write_json("bench_flce.json", payload)
     print(f"\nFLCE BT={BT} H={H} V={V} bf16 fwd+bwd  {info.get('device')}  torch {info['torch']} triton {info['triton']}")
     print(f"3-GEMM floor: {floor_ms:.2f} ms   loss ours {loss_o:.6f} / peer {loss_p:.6f}   json: {path}")
-    hdr = f"{'method':<27}{'C':>3}{'chunk':>6}{'random ms':>11}{'peaked ms':>11}{'peak MiB':>10}{'t/peer':>8}{'t/peer pk':>10}{'mem/peer':>9}  bar"
+    hdr = f"{'method':<27}{'C':>3}{'chunk':>6}{'random ms':>11}{'peaked ms':>11}{'peak MiB':>10}{'t/peer*':>8}{'t/peer pk*':>10}{'mem/peer':>9}  bar"
     print(hdr)
     for r in rows:
         def f(k, fmt, r=r):
@@ -142,6 +148,7 @@ def main():
         bar = "" if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
         print(f"{r['method']:<27}{r['C'] or '-':>3}{r['chunk'] or '-':>6}{f('random_ms', '11.2f')}{f('peaked_ms', '11.2f')}"
               f"{f('peak_mib', '10.1f')}{f('random_ratio', '8.3f')}{f('peaked_ratio', '10.3f')}{f('mem_ratio', '9.3f')}  {bar}")
+    print("* ratios: best of the two medians (first and repeat) of ours over the same for the peer")
     for e in errors:
         print("ERROR", e)
 

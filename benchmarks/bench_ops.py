@@ -17,7 +17,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import copy_bandwidth_gbs, env_info, median_ms, write_json  # noqa: E402
+from common import copy_bandwidth_gbs, env_info, kernel_ms, median_ms, write_json  # noqa: E402
 
 from liger_registry import kernels as K  # noqa: E402
 from liger_registry.kernels import reference  # noqa: E402
@@ -45,7 +45,7 @@ def case_rms_norm():
     return {
         "name": f"RMSNorm {n}x{h}", "bytes": 5 * n * h * 2, "grads": [x, w],
         "ours": lambda: K.rms_norm(x, w, 1e-6).backward(dy),
-        "ours in-place bwd": lambda: K.rms_norm(x, w, 1e-6, in_place_backward=True).backward(dy.clone()),
+        "ours in-place bwd": lambda: K.rms_norm(x, w, 1e-6, in_place_backward=True).backward(dy),
         "peer": peer,
         "eager": lambda: hf(x).backward(dy),
     }
@@ -154,6 +154,8 @@ def main():
             try:
                 case[key]()  # warm-up / compile
                 row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
+                if key in ("ours", "peer"):
+                    row[f"{key}_kernel_ms"] = kernel_ms(case[key], case["grads"])
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{case['name']} {key}: {e!r}")
                 traceback.print_exc()
@@ -179,6 +181,8 @@ def main():
         bar = "" if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
         print(f"{r['op']:<44}{f('ours_ms', '9.3f')}{f('peer_ms', '9.3f')}{f('eager_ms', '10.3f')}"
               f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}{f('ours_frac_copy', '7.2f')}  {bar}")
+        if "ours_kernel_ms" in r:
+            print(f"{'  (GPU kernel time per step: ours / peer)':<44}{r['ours_kernel_ms']:9.3f}{r.get('peer_kernel_ms', float('nan')):9.3f}")
         if "ours in-place bwd_ms" in r:
             print(f"{'  (ours, in_place_backward=True)':<44}{r['ours in-place bwd_ms']:9.3f}")
     for e in errors:

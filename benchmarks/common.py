@@ -66,3 +66,24 @@ def write_json(name: str, payload: dict) -> Path:
     path = out_dir() / name
     path.write_text(json.dumps(payload, indent=1))
     return path
+
+
+def kernel_ms(fn, grads=(), iters: int = 5) -> float:
+    """Sum of GPU kernel (and memcpy/memset) time per call, from the profiler: tells launch/CPU overhead apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        for t in grads:
+            t.grad = None
+        fn()
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+    return total / 1000.0 / iters

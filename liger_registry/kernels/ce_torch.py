@@ -154,8 +154,8 @@ def ce_rows_torch(
             g *= logit_scale
         (buf if grad_out is None else grad_out).copy_(g)
     if out is not None:
-        out[0].copy_(ce)
-        out[1].copy_(zl)
-        out[2].copy_(argmax)
+        for dst, src in zip(out, (ce, zl, argmax), strict=True):
+            if dst is not None:
+                dst.copy_(src)
         return out
     return ce, zl, argmax

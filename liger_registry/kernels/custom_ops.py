@@ -26,18 +26,42 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
+def _eager_function(name: str, impl, setup, backward, aux: tuple[int, ...] = ()):
+    """An autograd.Function running the same impl / setup / backward as a custom op, without the dispatcher
+    round trip: eager calls take it (lowest launch overhead), torch.compile takes the custom op."""
+
+    def forward(ctx, *inputs):
+        out = impl(*inputs)
+        ctx.eager = True
+        setup(ctx, inputs, out)
+        if aux:
+            ctx.mark_non_differentiable(*[out[i] for i in aux])
+        return out
+
+    return type(name, (torch.autograd.Function,), {
+        "forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))})
+
+
+def _call(op, eager_fn, *args):
+    if torch.compiler.is_compiling():
+        return op(*args)
+    return eager_fn.apply(*args)
+
+
 # ---------------------------------------------------------------- RMSNorm
 def _rms_out_dtype(x: Tensor, w: Tensor, mode: str) -> torch.dtype:
     return torch.promote_types(x.dtype, w.dtype) if mode == "llama" else x.dtype
 
 
-@torch.library.custom_op(f"{NS}::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
+def _rms_norm_fwd_impl(x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
     if _use_torch(x, weight):
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps).reshape(-1)
         return reference.rms_norm_torch(x, weight, eps, offset, casting_mode), rstd
     return triton_norm.rms_norm_fwd(x, weight, eps, offset, casting_mode)
+
+
+rms_norm_fwd = torch.library.custom_op(f"{NS}::rms_norm_fwd", _rms_norm_fwd_impl, mutates_args=())
 
 
 @rms_norm_fwd.register_fake
@@ -46,8 +70,7 @@ def _(x, weight, eps, offset, casting_mode):
     return x.new_empty(x.shape, dtype=_rms_out_dtype(x, weight, casting_mode)), x.new_empty(rows, dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{NS}::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(
+def _rms_norm_bwd_impl(
     dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, eps: float, offset: float, casting_mode: str, need_dw: bool
 ) -> tuple[Tensor, Tensor]:
     if _use_torch(x, weight):
@@ -57,13 +80,15 @@ def rms_norm_bwd(
     return dx, dw if dw is not None else _empty(weight)
 
 
+rms_norm_bwd = torch.library.custom_op(f"{NS}::rms_norm_bwd", _rms_norm_bwd_impl, mutates_args=())
+
+
 @rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd, eps, offset, casting_mode, need_dw):
     return torch.empty_like(x), torch.empty_like(weight) if need_dw else weight.new_empty(0)
 
 
-@torch.library.custom_op(f"{NS}::rms_norm_bwd_", mutates_args=("dy",))
-def rms_norm_bwd_inplace(
+def _rms_norm_bwd_inplace_impl(
     dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting_mode: str, need_dw: bool
 ) -> Tensor:
     """Backward that writes dx over dy (saves one activation-sized buffer); dy must be x's dtype, contiguous."""
@@ -71,6 +96,9 @@ def rms_norm_bwd_inplace(
     if dx.data_ptr() != dy.data_ptr():
         dy.copy_(dx)
     return dw if dw is not None else _empty(weight)
+
+
+rms_norm_bwd_inplace = torch.library.custom_op(f"{NS}::rms_norm_bwd_", _rms_norm_bwd_inplace_impl, mutates_args=("dy",))
 
 
 @rms_norm_bwd_inplace.register_fake
@@ -89,7 +117,8 @@ def _rms_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     eps, offset, mode = ctx.args
     need_dw = ctx.needs_input_grad[1]
-    dx, dw = rms_norm_bwd(dy, x, weight, rstd, eps, offset, mode, need_dw)
+    bwd = _rms_norm_bwd_impl if getattr(ctx, "eager", False) else rms_norm_bwd
+    dx, dw = bwd(dy, x, weight, rstd, eps, offset, mode, need_dw)
     return dx, (dw if need_dw else None), None, None, None
 
 
@@ -102,7 +131,7 @@ class _RMSNormInPlaceBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, casting_mode):
-        y, rstd = rms_norm_fwd(x, weight, eps, offset, casting_mode)
+        y, rstd = _rms_norm_fwd_impl(x, weight, eps, offset, casting_mode)
         ctx.save_for_backward(x, weight, rstd)
         ctx.args = (eps, offset, casting_mode)
         return y
@@ -113,27 +142,32 @@ class _RMSNormInPlaceBackward(torch.autograd.Function):
         eps, offset, mode = ctx.args
         need_dw = ctx.needs_input_grad[1]
         if dy.dtype == x.dtype and dy.is_contiguous() and not _use_torch(x):
-            dw = rms_norm_bwd_inplace(dy, x, weight, rstd, offset, mode, need_dw)
+            dw = _rms_norm_bwd_inplace_impl(dy, x, weight, rstd, offset, mode, need_dw)
             dx = dy
         else:
-            dx, dw = rms_norm_bwd(dy, x, weight, rstd, eps, offset, mode, need_dw)
+            dx, dw = _rms_norm_bwd_impl(dy, x, weight, rstd, eps, offset, mode, need_dw)
         return dx, (dw if need_dw else None), None, None, None
 
 
+_RMSNormFn = _eager_function("_RMSNormFn", _rms_norm_fwd_impl, _rms_setup, _rms_backward, aux=(1,))
+
+
 def rms_norm_triton(x, weight, eps, offset=0.0, casting_mode="llama", in_place_backward=False):
-    if in_place_backward:
+    if in_place_backward and not torch.compiler.is_compiling():
         return _RMSNormInPlaceBackward.apply(x, weight, float(eps), float(offset), casting_mode)
-    return rms_norm_fwd(x, weight, float(eps), float(offset), casting_mode)[0]
+    return _call(rms_norm_fwd, _RMSNormFn, x, weight, float(eps), float(offset), casting_mode)[0]
 
 
 # ---------------------------------------------------------------- LayerNorm
-@torch.library.custom_op(f"{NS}::layer_norm_fwd", mutates_args=())
-def layer_norm_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _layer_norm_fwd_impl(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     if _use_torch(x, weight):
         xf = x.float().reshape(-1, x.shape[-1])
         var, mean = torch.var_mean(xf, -1, unbiased=False)
         return reference.layer_norm_torch(x, weight, bias, eps), mean, torch.rsqrt(var + eps)
     return triton_norm.layer_norm_fwd(x, weight, bias, eps)
+
+
+layer_norm_fwd = torch.library.custom_op(f"{NS}::layer_norm_fwd", _layer_norm_fwd_impl, mutates_args=())
 
 
 @layer_norm_fwd.register_fake
@@ -142,8 +176,7 @@ def _(x, weight, bias, eps):
     return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{NS}::layer_norm_bwd", mutates_args=())
-def layer_norm_bwd(
+def _layer_norm_bwd_impl(
     dy: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, mean: Tensor, rstd: Tensor, eps: float,
     need_dw: bool, need_db: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -152,6 +185,9 @@ def layer_norm_bwd(
     else:
         dx, dw, db = triton_norm.layer_norm_bwd(dy, x, weight, mean, rstd, need_dw, need_db and bias is not None)
     return dx, dw if dw is not None else _empty(weight), db if db is not None else _empty(weight)
+
+
+layer_norm_bwd = torch.library.custom_op(f"{NS}::layer_norm_bwd", _layer_norm_bwd_impl, mutates_args=())
 
 
 @layer_norm_bwd.register_fake
@@ -172,25 +208,31 @@ def _ln_setup(ctx, inputs, output):
 def _ln_backward(ctx, dy, _dm, _dr):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need_dw, need_db = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-    dx, dw, db = layer_norm_bwd(dy, x, weight, bias, mean, rstd, ctx.eps, need_dw, need_db)
+    bwd = _layer_norm_bwd_impl if getattr(ctx, "eager", False) else layer_norm_bwd
+    dx, dw, db = bwd(dy, x, weight, bias, mean, rstd, ctx.eps, need_dw, need_db)
     return dx, (dw if need_dw else None), (db if need_db and bias is not None else None), None
 
 
 torch.library.register_autograd(f"{NS}::layer_norm_fwd", _ln_backward, setup_context=_ln_setup)
 
 
+_LayerNormFn = _eager_function("_LayerNormFn", _layer_norm_fwd_impl, _ln_setup, _ln_backward, aux=(1, 2))
+
+
 def layer_norm_triton(x, weight, bias, eps):
-    return layer_norm_fwd(x, weight, bias, float(eps))[0]
+    return _call(layer_norm_fwd, _LayerNormFn, x, weight, bias, float(eps))[0]
 
 
 # ---------------------------------------------------------------- RoPE
-@torch.library.custom_op(f"{NS}::rope", mutates_args=())
-def rope_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool) -> tuple[Tensor, Tensor]:
+def _rope_op_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool) -> tuple[Tensor, Tensor]:
     if _use_torch(q, k):
         if not backward:
             return reference.rope_torch(q, k, cos, sin)
         return reference.rope_bwd_torch(q, k, cos, sin)  # q, k are the incoming grads here
     return triton_rope.rope_apply(q, k, cos, sin, backward=backward)
+
+
+rope_op = torch.library.custom_op(f"{NS}::rope", _rope_op_impl, mutates_args=())
 
 
 @rope_op.register_fake
@@ -209,26 +251,32 @@ def _rope_setup(ctx, inputs, output):
 
 def _rope_backward(ctx, dq, dk):
     cos, sin = ctx.saved_tensors
-    gq, gk = rope_op(dq, dk, cos, sin, True)
+    fn = _rope_op_impl if getattr(ctx, "eager", False) else rope_op
+    gq, gk = fn(dq, dk, cos, sin, True)
     return gq.to(ctx.dtypes[0]), gk.to(ctx.dtypes[1]), None, None, None
 
 
 torch.library.register_autograd(f"{NS}::rope", _rope_backward, setup_context=_rope_setup)
 
 
+_RopeFn = _eager_function("_RopeFn", _rope_op_impl, _rope_setup, _rope_backward)
+
+
 def rope_triton(q, k, cos, sin):
-    return rope_op(q, k, cos, sin, False)
+    return _call(rope_op, _RopeFn, q, k, cos, sin, False)
 
 
 # ---------------------------------------------------------------- SwiGLU / GeGLU
 _GLU_TORCH = {0: reference.swiglu_torch, 1: reference.geglu_torch}
 
 
-@torch.library.custom_op(f"{NS}::glu_fwd", mutates_args=())
-def glu_fwd(gate: Tensor, up: Tensor, kind: int) -> Tensor:
+def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int) -> Tensor:
     if _use_torch(gate, up):
         return _GLU_TORCH[kind](gate, up)
     return triton_glu.glu_fwd(gate, up, kind)
+
+
+glu_fwd = torch.library.custom_op(f"{NS}::glu_fwd", _glu_fwd_impl, mutates_args=())
 
 
 @glu_fwd.register_fake
@@ -236,11 +284,13 @@ def _(gate, up, kind):
     return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
 
 
-@torch.library.custom_op(f"{NS}::glu_bwd", mutates_args=())
-def glu_bwd(dc: Tensor, gate: Tensor, up: Tensor, kind: int) -> tuple[Tensor, Tensor]:
+def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int) -> tuple[Tensor, Tensor]:
     if _use_torch(gate, up):
         return reference.glu_bwd_torch(dc, gate, up, kind)
     return triton_glu.glu_bwd(dc, gate, up, kind)
+
+
+glu_bwd = torch.library.custom_op(f"{NS}::glu_bwd", _glu_bwd_impl, mutates_args=())
 
 
 @glu_bwd.register_fake
@@ -256,16 +306,20 @@ def _glu_setup(ctx, inputs, output):
 
 def _glu_backward(ctx, dc):
     gate, up = ctx.saved_tensors
-    da, db = glu_bwd(dc, gate, up, ctx.kind)
+    bwd = _glu_bwd_impl if getattr(ctx, "eager", False) else glu_bwd
+    da, db = bwd(dc, gate, up, ctx.kind)
     return da, db, None
 
 
 torch.library.register_autograd(f"{NS}::glu_fwd", _glu_backward, setup_context=_glu_setup)
 
 
+_GluFn = _eager_function("_GluFn", _glu_fwd_impl, _glu_setup, _glu_backward)
+
+
 def swiglu_triton(gate, up):
-    return glu_fwd(gate, up, 0)
+    return _call(glu_fwd, _GluFn, gate, up, 0)
 
 
 def geglu_triton(gate, up):
-    return glu_fwd(gate, up, 1)
+    return _call(glu_fwd, _GluFn, gate, up, 1)

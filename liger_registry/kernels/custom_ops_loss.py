@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from . import ce_torch
-from .custom_ops import NS, _use_torch
+from .custom_ops import NS, _call, _eager_function, _use_torch
 
 
 def _ce_rows(logits: Tensor):
@@ -26,8 +26,7 @@ def _ce_scales(reduction, target, ignore_index, class_weights):
     return ce_s, 1.0 / n_valid.clamp(min=1.0)
 
 
-@torch.library.custom_op(f"{NS}::cross_entropy_fwd", mutates_args=())
-def cross_entropy_fwd(
+def _cross_entropy_fwd_impl(
     logits: Tensor, target: Tensor, class_weights: Tensor | None, ignore_index: int, label_smoothing: float,
     softcap: float | None, lse_square_scale: float, reduction: str, compute_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -47,6 +46,9 @@ def cross_entropy_fwd(
     return loss, z, grad
 
 
+cross_entropy_fwd = torch.library.custom_op(f"{NS}::cross_entropy_fwd", _cross_entropy_fwd_impl, mutates_args=())
+
+
 @cross_entropy_fwd.register_fake
 def _(logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction, compute_grad):
     shape = (logits.shape[0],) if reduction == "none" else ()
@@ -54,8 +56,7 @@ def _(logits, target, class_weights, ignore_index, label_smoothing, softcap, lse
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32), grad
 
 
-@torch.library.custom_op(f"{NS}::scale_rows_", mutates_args=("grad",))
-def scale_rows_(grad: Tensor, grad_output: Tensor) -> None:
+def _scale_rows_impl(grad: Tensor, grad_output: Tensor) -> None:
     """grad *= grad_output, in place: a scalar (skipped when it is 1) or one factor per row."""
     if grad_output.dim() == 0:
         if bool(torch.equal(grad_output, torch.ones_like(grad_output))):
@@ -63,6 +64,9 @@ def scale_rows_(grad: Tensor, grad_output: Tensor) -> None:
         grad.mul_(grad_output.to(grad.dtype))
     else:
         grad.mul_(grad_output.to(grad.dtype)[:, None])
+
+
+scale_rows_ = torch.library.custom_op(f"{NS}::scale_rows_", _scale_rows_impl, mutates_args=("grad",))
 
 
 @scale_rows_.register_fake
@@ -76,11 +80,14 @@ def _ce_setup(ctx, inputs, output):
 
 def _ce_backward(ctx, grad, _gz, _gg):
     (g,) = ctx.saved_tensors
-    scale_rows_(g, grad)
+    (_scale_rows_impl if getattr(ctx, "eager", False) else scale_rows_)(g, grad)
     return g, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{NS}::cross_entropy_fwd", _ce_backward, setup_context=_ce_setup)
+
+
+_CrossEntropyFn = _eager_function("_CrossEntropyFn", _cross_entropy_fwd_impl, _ce_setup, _ce_backward, aux=(1, 2))
 
 
 def cross_entropy_triton(
@@ -88,7 +95,9 @@ def cross_entropy_triton(
     lse_square_scale=0.0, class_weights=None,
 ):
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
-    return cross_entropy_fwd(
+    return _call(
+        cross_entropy_fwd,
+        _CrossEntropyFn,
         logits, target, class_weights, int(ignore_index), float(label_smoothing),
         None if softcap is None else float(softcap), float(lse_square_scale), reduction, compute_grad,
     )[0]
@@ -127,7 +136,7 @@ def _(hidden, weight, target, bias, class_weights, row_grad, ignore_index, label
         hidden.new_empty(shape, dtype=f32),
         hidden.new_empty(shape, dtype=f32),
         hidden.new_empty((), dtype=torch.long),
-        hidden.new_empty((n,), dtype=torch.long),
+        hidden.new_empty((n,) if argmax_mode else (0,), dtype=torch.long),
         torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_dh else hidden.new_empty(0),
         torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else hidden.new_empty(0),
         bias.new_empty(bias.shape) if (need_db and bias is not None) else hidden.new_empty(0),

@@ -88,8 +88,9 @@ def _side_stream(device: torch.device):
 
 
 def _overlap_streams(device: torch.device) -> bool:
-    """dX GEMM (compute-bound) and dW addmm (memory-bound at small chunks) on two streams; on by default on CUDA."""
-    return device.type == "cuda" and os.environ.get("LIGER_REGISTRY_FLCE_OVERLAP", "1") != "0"
+    """dX GEMM (compute-bound) and dW addmm (memory-bound at small chunks) on two streams. Off by default: on the
+    H200 it gained <0.3% at chunk 256 and lost up to 2.5% at chunk 4096 (benchmarks/results/bench_flce.json)."""
+    return device.type == "cuda" and os.environ.get("LIGER_REGISTRY_FLCE_OVERLAP", "0") == "1"
 
 
 def flce_compute(
@@ -126,6 +127,8 @@ def flce_compute(
     device = hidden.device
     w_dt = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
     valid, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
+    if argmax_mode == 0:
+        valid = None  # not needed below: keep the step's transient memory minimal
     if reduction == "mean":
         ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
         z_scale = 1.0 / n_valid.clamp(min=1.0)
@@ -133,9 +136,11 @@ def flce_compute(
         ce_scale = 1.0
         z_scale = 1.0
     chunk, nchunks = flce_chunk_geometry(n, h, v, chunk_mem_const)
+    # per-row outputs: z-loss and argmax rows only when they are asked for (ce rows are written in their place)
     ce_all = torch.empty(n, dtype=torch.float32, device=device)
-    z_all = torch.empty(n, dtype=torch.float32, device=device)
-    argmax_all = torch.zeros(n, dtype=torch.long, device=device)
+    has_z = float(lse_square_scale) != 0.0
+    z_all = torch.empty(n, dtype=torch.float32, device=device) if has_z else ce_all
+    argmax_all = torch.zeros(n, dtype=torch.long, device=device) if argmax_mode else None
     compute_grad = need_dh or need_dw or need_db
     dh = torch.empty((n, h), dtype=hidden.dtype, device=device) if need_dh else None
     acc_dtype = accum_dtype if accum_dtype is not None else weight.dtype
@@ -158,6 +163,7 @@ def flce_compute(
         main = torch.cuda.current_stream(device)
         side = _side_stream(device)
     buf_full = torch.empty((chunk, v), dtype=hidden.dtype, device=device) if n else None
+    buf = None
     for i in range(nchunks):
         s, e = i * chunk, min((i + 1) * chunk, n)
         h_c = hidden[s:e]
@@ -180,7 +186,7 @@ def flce_compute(
             row_grad=None if row_grad is None else row_grad[s:e],
             compute_grad=compute_grad,
             argmax_mode=argmax_mode,
-            out=(ce_all[s:e], z_all[s:e], argmax_all[s:e]),
+            out=(ce_all[s:e], z_all[s:e] if has_z else None, argmax_all[s:e] if argmax_mode else None),
             **extra,
         )
         if not compute_grad:
@@ -205,14 +211,23 @@ def flce_compute(
     if overlap and buf_full is not None:
         buf_full.record_stream(side)
         dh.record_stream(side)
+    del buf, buf_full
+    if not has_z:
+        z_all = torch.zeros_like(ce_all) if reduction == "none" else None
     if reduction == "none":
-        loss, z_loss = ce_all + z_all, z_all
+        loss, z_loss = (ce_all + z_all if has_z else ce_all), z_all
     elif reduction == "sum":
-        loss, z_loss = ce_all.sum() + z_all.sum(), z_all.sum()
+        z_loss = z_all.sum() if has_z else torch.zeros((), dtype=torch.float32, device=device)
+        loss = ce_all.sum() + z_loss
     else:
-        z_loss = z_all.sum() * z_scale
+        z_loss = z_all.sum() * z_scale if has_z else torch.zeros((), dtype=torch.float32, device=device)
         loss = ce_all.sum() * ce_scale + z_loss
-    n_correct = ((argmax_all == target) & valid).sum()
+    if argmax_mode:
+        n_correct = ((argmax_all == target) & valid).sum()
+    else:
+        n_correct = torch.zeros((), dtype=torch.long, device=device)
+    if argmax_all is None:
+        argmax_all = torch.empty(0, dtype=torch.long, device=device)
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
     if db is not None and bias is not None:

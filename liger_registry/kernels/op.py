@@ -23,6 +23,14 @@ ENV_VAR = "LIGER_REGISTRY_BACKEND"
 BACKENDS = ("auto", "triton", "torch")
 
 
+try:
+    import triton as _triton  # noqa: F401
+
+    _TRITON_OK = True
+except ImportError:  # pragma: no cover
+    _TRITON_OK = False
+
+
 class BackendError(RuntimeError):
     """The requested backend cannot run this call; the message lists every reason."""
 
@@ -55,9 +63,7 @@ def common_reasons(
 ) -> list[str]:
     """Reasons shared by every op why its Triton path cannot run on these tensors."""
     reasons: list[str] = []
-    try:
-        import triton  # noqa: F401
-    except ImportError:  # pragma: no cover - triton is a dependency on Linux
+    if not _TRITON_OK:  # pragma: no cover - triton is a dependency on Linux
         reasons.append("triton is not installed")
     devices = {t.device for t in tensors}
     if len(devices) > 1:
@@ -113,6 +119,10 @@ class Op:
         if backend == "auto":
             if not any(t.device.type == "cuda" for t in tensors):
                 return "torch"
+            if self.triton_impl is not None and _TRITON_OK and all(
+                t.device.type == "cuda" and (t.dtype in self.dtypes or not t.is_floating_point()) for t in tensors
+            ) and len({t.device for t in tensors}) == 1 and (self.extra_check is None or not self.extra_check(*args, **kwargs)):
+                return "triton"  # fast path: the checks of ``supports`` that matter, without building reasons
             return "torch" if self.supports(*args, backend=backend, **kwargs) else "triton"
         reasons = self.supports(*args, backend=backend, **kwargs)
         if reasons:

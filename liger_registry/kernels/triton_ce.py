@@ -33,6 +33,7 @@ def _ce_rows_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_ROWG: tl.constexpr,
     HAS_SMOOTH: tl.constexpr,
+    HAS_Z: tl.constexpr,
     ARGMAX: tl.constexpr,  # 0: none, 1: valid rows, 2: every row
     COMPUTE_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -45,7 +46,8 @@ def _ce_rows_kernel(
     offs = tl.arange(0, BLOCK)
     if not valid:
         tl.store(CE_OUT + row, 0.0)
-        tl.store(Z_OUT + row, 0.0)
+        if HAS_Z:
+            tl.store(Z_OUT + row, 0.0)
         if ARGMAX < 2:
             if COMPUTE_GRAD:
                 for start in range(0, n_cols, BLOCK):
@@ -106,7 +108,8 @@ def _ce_rows_kernel(
             smooth = lse - sz / n_cols
         ce = (1.0 - eps) * ce + eps * smooth
     tl.store(CE_OUT + row, ce)
-    tl.store(Z_OUT + row, lse_sq * lse * lse)
+    if HAS_Z:
+        tl.store(Z_OUT + row, lse_sq * lse * lse)
     if COMPUTE_GRAD:
         ce_s = tl.load(SCALES + 0)
         z_s = tl.load(SCALES + 1)
@@ -187,6 +190,9 @@ def ce_rows_triton(
         am = torch.zeros(n, dtype=torch.long, device=device) if argmax_mode else ce
     else:
         ce, zl, am = out
+    has_z = zl is not None
+    zl = zl if has_z else ce
+    am = am if am is not None else ce
     if n == 0:
         return ce, zl, am
     g = buf if grad_out is None else grad_out
@@ -221,6 +227,7 @@ def ce_rows_triton(
         HAS_WEIGHT=class_weights is not None,
         HAS_ROWG=row_grad is not None,
         HAS_SMOOTH=float(label_smoothing) > 0.0,
+        HAS_Z=has_z,
         ARGMAX=int(argmax_mode),
         COMPUTE_GRAD=bool(compute_grad),
         BLOCK=block,

@@ -87,9 +87,19 @@ def _rms_bwd_kernel(
         tl.store(DW_PART + pid * n_cols + cols, dw, mask=mask)
 
 
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SMS:
+        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SMS[key]
+
+
 def _bwd_grid(n_rows: int, device: torch.device) -> tuple[int, int]:
     if device.type == "cuda":
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        sms = _sm_count(device)
         progs = min(n_rows, sms * 4)
     else:
         progs = min(n_rows, 4)

@@ -9,6 +9,10 @@ from liger_registry import kernels as K
 from liger_registry.kernels import ce_torch, reference, triton_utils
 from liger_registry.kernels.triton_ce import ce_rows_triton
 
+pytestmark = pytest.mark.skipif(
+    not triton_utils.INTERPRET_AT_IMPORT, reason="CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import"
+)
+
 
 @pytest.fixture(autouse=True)
 def _triton(monkeypatch):
