@@ -155,7 +155,7 @@ def main():
                 case[key]()  # warm-up / compile
                 row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
                 if key in ("ours", "peer"):
-                    row[f"{key}_kernel_ms"] = kernel_ms(case[key], case["grads"])
+                    row[f"{key}_kernel_ms"] = kernel_ms(case[key], case["grads"], label=f"{case['name']} {key}")
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{case['name']} {key}: {e!r}")
                 traceback.print_exc()

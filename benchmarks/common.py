@@ -68,7 +68,7 @@ def write_json(name: str, payload: dict) -> Path:
     return path
 
 
-def kernel_ms(fn, grads=(), iters: int = 5) -> float:
+def kernel_ms(fn, grads=(), iters: int = 5, label: str = "") -> float:
     """Sum of GPU kernel (and memcpy/memset) time per call, from the profiler: tells launch/CPU overhead apart."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -83,6 +83,12 @@ def kernel_ms(fn, grads=(), iters: int = 5) -> float:
         for _ in range(iters):
             step()
         torch.cuda.synchronize()
+    if label:
+        print(f"--- kernels of {label} (per {iters} steps)")
+        try:
+            print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=8))
+        except Exception as e:  # noqa: BLE001
+            print("profiler table unavailable:", repr(e))
     total = 0.0
     for e in prof.key_averages():
         total += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)

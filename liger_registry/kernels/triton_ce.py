@@ -120,6 +120,7 @@ def _ce_rows_kernel(
         coef = (a + eps * w_sum / n_cols) * ce_s + 2.0 * lse_sq * lse * z_s
         coef = coef * rg
         a_s = a * ce_s * rg
+        y32 = y.to(tl.int32)
         sm = eps / n_cols * ce_s * rg
         for start in range(0, n_cols, BLOCK):
             cols = start + offs
@@ -129,7 +130,7 @@ def _ce_rows_kernel(
                 t = tanh(z / softcap)
                 z = softcap * t
             g = tl.exp(z - lse) * coef
-            g = tl.where(cols == y, g - a_s, g)
+            g = tl.where(cols == y32, g - a_s, g)
             if HAS_SMOOTH:
                 if HAS_WEIGHT:
                     g -= sm * tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
