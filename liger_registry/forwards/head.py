@@ -107,7 +107,9 @@ def call_fused_head(lm_head: nn.Module, hidden: torch.Tensor, compute: Callable[
 
 def warn_unfusable(lm_head: nn.Module) -> None:
     warnings.warn(
-        f"liger_registry: the lm_head is a {type(lm_head).__name__}, not a plain linear layer; "
+        f"liger_registry: the lm_head is a {type(lm_head).__module__}.{type(lm_head).__qualname__}, which fused "
+        "linear cross entropy cannot read as one linear projection (a PEFT LoRA head with dropout in training, a "
+        "variant or a bias, or a custom head); "
         "the loss falls back to materialised logits (no fused linear cross entropy).",
         stacklevel=3,
     )
