@@ -137,9 +137,17 @@ def flce_compute(
         z_scale = 1.0
     chunk, nchunks = flce_chunk_geometry(n, h, v, chunk_mem_const)
     # per-row outputs: z-loss and argmax rows only when they are asked for (ce rows are written in their place)
-    ce_all = torch.empty(n, dtype=torch.float32, device=device)
     has_z = float(lse_square_scale) != 0.0
-    z_all = torch.empty(n, dtype=torch.float32, device=device) if has_z else ce_all
+    per_token = reduction == "none"
+    if per_token:
+        ce_all = torch.empty(n, dtype=torch.float32, device=device)
+        z_all = torch.empty(n, dtype=torch.float32, device=device) if has_z else None
+    else:
+        # mean/sum: one chunk-sized row buffer, reduced per chunk into [num_chunks] partial sums (deterministic)
+        ce_rows_buf = torch.empty(max(chunk, 1), dtype=torch.float32, device=device)
+        z_rows_buf = torch.empty(max(chunk, 1), dtype=torch.float32, device=device) if has_z else None
+        ce_part = torch.zeros(max(nchunks, 1), dtype=torch.float32, device=device)
+        z_part = torch.zeros(max(nchunks, 1), dtype=torch.float32, device=device) if has_z else None
     argmax_all = torch.zeros(n, dtype=torch.long, device=device) if argmax_mode else None
     compute_grad = need_dh or need_dw or need_db
     dh = torch.empty((n, h), dtype=hidden.dtype, device=device) if need_dh else None
@@ -186,9 +194,17 @@ def flce_compute(
             row_grad=None if row_grad is None else row_grad[s:e],
             compute_grad=compute_grad,
             argmax_mode=argmax_mode,
-            out=(ce_all[s:e], z_all[s:e] if has_z else None, argmax_all[s:e] if argmax_mode else None),
+            out=(
+                ce_all[s:e] if per_token else ce_rows_buf[: e - s],
+                (z_all[s:e] if per_token else z_rows_buf[: e - s]) if has_z else None,
+                argmax_all[s:e] if argmax_mode else None,
+            ),
             **extra,
         )
+        if not per_token:
+            torch.sum(ce_rows_buf[: e - s], 0, keepdim=True, out=ce_part[i : i + 1])
+            if has_z:
+                torch.sum(z_rows_buf[: e - s], 0, keepdim=True, out=z_part[i : i + 1])
         if not compute_grad:
             continue
         if overlap:
@@ -212,16 +228,19 @@ def flce_compute(
         buf_full.record_stream(side)
         dh.record_stream(side)
     del buf, buf_full
-    if not has_z:
-        z_all = torch.zeros_like(ce_all) if reduction == "none" else None
-    if reduction == "none":
-        loss, z_loss = (ce_all + z_all if has_z else ce_all), z_all
-    elif reduction == "sum":
-        z_loss = z_all.sum() if has_z else torch.zeros((), dtype=torch.float32, device=device)
-        loss = ce_all.sum() + z_loss
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    if per_token:
+        z_loss = z_all if has_z else torch.zeros_like(ce_all)
+        loss = ce_all + z_all if has_z else ce_all
     else:
-        z_loss = z_all.sum() * z_scale if has_z else torch.zeros((), dtype=torch.float32, device=device)
-        loss = ce_all.sum() * ce_scale + z_loss
+        ce_sum = ce_part.sum()
+        z_sum = z_part.sum() if has_z else zero
+        if reduction == "sum":
+            z_loss = z_sum
+            loss = ce_sum + z_sum
+        else:
+            z_loss = z_sum * z_scale if has_z else zero
+            loss = ce_sum * ce_scale + z_loss
     if argmax_mode:
         n_correct = ((argmax_all == target) & valid).sum()
     else:
