@@ -6,6 +6,7 @@ import copy
 import inspect
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -164,11 +165,15 @@ def run_parity(
     dtype: torch.dtype = torch.float32,
     chunk_mem_const: int | None = None,
     registry: Registry | None = None,
+    **config: Any,
 ) -> Result:
-    """Train the family's tiny model unpatched, then a copy of the same initial weights patched, on the same data."""
+    """Train the family's tiny model unpatched, then a copy of the same initial weights patched, on the same data.
+
+    `config` overrides values of the tiny model's config (a variant of the family, e.g. another text model).
+    """
     registry = registry or REGISTRY
     entry = registry.families[family].entry
-    reference = tiny_model(entry.model_types[0], dtype=dtype, registry=registry).to(device)
+    reference = tiny_model(entry.model_types[0], dtype=dtype, registry=registry, **config).to(device)
     candidate = copy.deepcopy(reference)
     batches = _batches(reference, device)
     # The unpatched run is finished before apply(): rotary embedding is patched module-wide.

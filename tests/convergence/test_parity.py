@@ -68,6 +68,28 @@ def test_gpu_bf16_chunk_constants(family: str, chunk_mem_const: int) -> None:
     _check(result, BF16, required=(family, chunk_mem_const) in REQUIRED_C)
 
 
+def _paligemma_softcaps() -> bool:
+    import inspect
+
+    from transformers.models.paligemma import modeling_paligemma
+
+    return "final_logit_softcapping" in inspect.getsource(modeling_paligemma.PaliGemmaForConditionalGeneration.forward)
+
+
+@pytest.mark.skipif(not _paligemma_softcaps(), reason="this transformers' PaliGemma head does not softcap")
+def test_cpu_fp32_paligemma2_softcap() -> None:
+    """PaliGemma 2: a Gemma 2 text model whose final-logit softcap is read through head.text_config_attr."""
+    from transformers import Gemma2Config
+
+    from liger_registry.testing import SMALL
+
+    known = Gemma2Config().to_dict()
+    text = Gemma2Config(**{k: v for k, v in SMALL.items() if k in known}, pad_token_id=0, final_logit_softcapping=2.0)
+    result = run_parity("paligemma", "cpu", torch.float32, text_config=text)
+    result.family = "paligemma2"
+    _check(result, FP32)
+
+
 def test_parity_detects_a_wrong_entry() -> None:
     """The suite can fail: Gemma's norm registered with llama's formula (no +1 offset) breaks parity."""
     loaded = REGISTRY.families["gemma"]
