@@ -55,6 +55,11 @@ def _check(case, name, out, ref, dtype, tol=None):
     bound = tol if tol is not None else TOL[dtype]
     ROWS.append({"case": case, "tensor": name, "dtype": str(dtype).replace("torch.", ""), "err": err, "tol": bound,
                  "ok": err <= bound})
+    print(f"[gpu-check] {case} {name} {ROWS[-1]['dtype']} rel_err={err:.2e} bound={bound:.0e}", flush=True)
+    path = os.environ.get("GPU_TEST_REPORT")
+    if path:  # written as we go, so a run cut short still leaves its rows
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": ROWS}, f, indent=1)
     assert err <= bound, f"{case}/{name}: rel err {err:.3e} > {bound:.0e}"
 
 
