@@ -1,0 +1,36 @@
+"""The apply_rotary_pos_emb drop-in matches the HF functions it replaces, layouts and dtypes included."""
+
+import pytest
+import torch
+from transformers.models.llama import modeling_llama
+from transformers.models.olmo2 import modeling_olmo2
+
+from liger_registry.modules.rope import apply_rotary_pos_emb
+
+
+def _inputs(dtype, cos_dtype):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, generator=g).to(dtype)
+    k = torch.randn(2, 2, 6, 8, generator=g).to(dtype)
+    cos, sin = torch.randn(2, 6, 8, generator=g).to(cos_dtype), torch.randn(2, 6, 8, generator=g).to(cos_dtype)
+    return q, k, cos, sin
+
+
+@pytest.mark.parametrize("hf", [modeling_llama.apply_rotary_pos_emb, modeling_olmo2.apply_rotary_pos_emb])
+def test_matches_hf_with_fp32_cos_and_bf16_q(hf):
+    q, k, cos, sin = _inputs(torch.bfloat16, torch.float32)
+    ours, ref = apply_rotary_pos_emb(q, k, cos, sin), hf(q, k, cos, sin)
+    for a, b, x in zip(ours, ref, (q, k), strict=True):
+        assert a.dtype == x.dtype
+        if hf is modeling_olmo2.apply_rotary_pos_emb:  # OLMo 2 rotates in fp32, then casts: bit-equal
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_seq_first_layout():
+    q, k, cos, sin = _inputs(torch.float32, torch.float32)
+    expected = modeling_llama.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    ours = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    for a, b in zip(ours, expected, strict=True):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="unsqueeze_dim"):
+        apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3)
