@@ -33,6 +33,8 @@ def _eager_function(name: str, impl, setup, backward, aux: tuple[int, ...] = ())
     def forward(ctx, *inputs):
         out = impl(*inputs)
         ctx.eager = True
+        # no zero-filled grads for unused / auxiliary outputs (CE's saved gradient is as large as the logits)
+        ctx.set_materialize_grads(False)
         setup(ctx, inputs, out)
         if aux:
             ctx.mark_non_differentiable(*[out[i] for i in aux])
@@ -247,10 +249,15 @@ def _rope_setup(ctx, inputs, output):
     q, k, cos, sin, _ = inputs
     ctx.save_for_backward(cos, sin)
     ctx.dtypes = (q.dtype, k.dtype)
+    ctx.shapes = (q.shape, k.shape)
 
 
 def _rope_backward(ctx, dq, dk):
     cos, sin = ctx.saved_tensors
+    if dq is None:  # an unused output (grads are not materialised on the eager path)
+        dq = cos.new_zeros(ctx.shapes[0], dtype=ctx.dtypes[0])
+    if dk is None:
+        dk = cos.new_zeros(ctx.shapes[1], dtype=ctx.dtypes[1])
     fn = _rope_op_impl if getattr(ctx, "eager", False) else rope_op
     gq, gk = fn(dq, dk, cos, sin, True)
     return gq.to(ctx.dtypes[0]), gk.to(ctx.dtypes[1]), None, None, None

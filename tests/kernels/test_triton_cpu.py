@@ -248,3 +248,15 @@ def test_fused_linear_jsd_triton(beta, monkeypatch):
 def test_forced_triton_refuses_with_reasons():
     with pytest.raises(K.BackendError, match="dtype float64 not supported"):
         K.swiglu(torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64))
+
+
+def test_rope_one_output_unused():
+    q = torch.randn(1, 2, 4, 8, generator=_g()).requires_grad_()
+    k = torch.randn(1, 1, 4, 8, generator=_g(1)).requires_grad_()
+    ang = torch.randn(1, 4, 8, generator=_g(2))
+    qo, _ = K.rope(q, k, ang.cos(), ang.sin())
+    qo.sum().backward()
+    qr, _ = reference.rope_torch(q, k, ang.cos(), ang.sin())
+    (eq,) = torch.autograd.grad(qr.sum(), q)
+    _close(q.grad, eq, 1e-5)
+    assert k.grad is None or not k.grad.any()
