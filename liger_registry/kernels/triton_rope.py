@@ -8,6 +8,26 @@ import triton.language as tl
 
 
 @triton.jit
+def _rotate_heads(src_row, src_h, dst_row, dst_h, n_heads, d, dmask, c1, c2, s1, s2,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr):
+    """Rotate every head of one (batch, position) row; the backward applies the transposed rotation."""
+    h = tl.arange(0, BLOCK_H)
+    m = (h[:, None] < n_heads) & dmask[None, :]
+    src = src_row + h[:, None] * src_h + d[None, :]
+    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+    if BACKWARD:
+        y1 = x1 * c1[None, :] + x2 * s2[None, :]
+        y2 = x2 * c2[None, :] - x1 * s1[None, :]
+    else:
+        y1 = x1 * c1[None, :] - x2 * s1[None, :]
+        y2 = x2 * c2[None, :] + x1 * s2[None, :]
+    dst = dst_row + h[:, None] * dst_h + d[None, :]
+    tl.store(dst, y1.to(dst_row.dtype.element_ty), mask=m)
+    tl.store(dst + HALF, y2.to(dst_row.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def _rope_kernel(
     Q, sqb, sqh, sqs,
     K, skb, skh, sks,
@@ -33,35 +53,10 @@ def _rope_kernel(
     s1 = tl.load(s_ptr + d, mask=dmask, other=0.0).to(tl.float32)
     s2 = tl.load(s_ptr + HALF + d, mask=dmask, other=0.0).to(tl.float32)
 
-    hq = tl.arange(0, BLOCK_QH)
-    m = (hq[:, None] < n_qh) & dmask[None, :]
-    src = Q + b * sqb + s * sqs + hq[:, None] * sqh + d[None, :]
-    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
-    if BACKWARD:
-        y1 = x1 * c1[None, :] + x2 * s2[None, :]
-        y2 = x2 * c2[None, :] - x1 * s1[None, :]
-    else:
-        y1 = x1 * c1[None, :] - x2 * s1[None, :]
-        y2 = x2 * c2[None, :] + x1 * s2[None, :]
-    dst = QO + b * sob + s * sos + hq[:, None] * soh + d[None, :]
-    tl.store(dst, y1.to(QO.dtype.element_ty), mask=m)
-    tl.store(dst + HALF, y2.to(QO.dtype.element_ty), mask=m)
-
-    hk = tl.arange(0, BLOCK_KH)
-    m = (hk[:, None] < n_kh) & dmask[None, :]
-    src = K + b * skb + s * sks + hk[:, None] * skh + d[None, :]
-    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
-    if BACKWARD:
-        y1 = x1 * c1[None, :] + x2 * s2[None, :]
-        y2 = x2 * c2[None, :] - x1 * s1[None, :]
-    else:
-        y1 = x1 * c1[None, :] - x2 * s1[None, :]
-        y2 = x2 * c2[None, :] + x1 * s2[None, :]
-    dst = KO + b * stb + s * sts + hk[:, None] * sth + d[None, :]
-    tl.store(dst, y1.to(KO.dtype.element_ty), mask=m)
-    tl.store(dst + HALF, y2.to(KO.dtype.element_ty), mask=m)
+    _rotate_heads(Q + b * sqb + s * sqs, sqh, QO + b * sob + s * sos, soh, n_qh, d, dmask,
+                  c1, c2, s1, s2, HALF, BLOCK_QH, BACKWARD)
+    _rotate_heads(K + b * skb + s * sks, skh, KO + b * stb + s * sts, sth, n_kh, d, dmask,
+                  c1, c2, s1, s2, HALF, BLOCK_KH, BACKWARD)
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
