@@ -120,6 +120,8 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
     handle = apply(model, registry=registry)
     try:
         return [Finding("deep", where, m) for m in _skip_logits_problems(model, batch, reference, mode)]
+    except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
+        return [Finding("deep", where, f"the patched forward raised {type(exc).__name__}: {exc}")]
     finally:
         handle.revert()
 
@@ -146,6 +148,8 @@ def _skip_logits_problems(model, batch, reference, mode: str) -> list[str]:
             problems.append("skip_logits=True without labels did not raise ValueError")
         except ValueError:
             pass
+        except Exception as exc:  # the lint reports a crashing forward, it does not crash with it
+            problems.append(f"skip_logits=True without labels raised {type(exc).__name__}, not ValueError: {exc}")
         model.eval()
         evaluated = model(**batch)
         if (evaluated.logits is None) != (mode == "labels"):

@@ -35,6 +35,20 @@ def test_bundled_registry_is_clean(capsys):
     assert "well-formed" in capsys.readouterr().out
 
 
+def build_as_llama(monkeypatch, name):
+    """Tiny models of the test family `name` are Llama configs reporting `name`, so apply() picks its entry."""
+    from liger_registry import testing
+
+    real = testing.tiny_config
+
+    def tagged(model_type, registry=None, **overrides):
+        config = real("llama" if model_type == name else model_type, registry, **overrides)
+        config.model_type = model_type
+        return config
+
+    monkeypatch.setattr(testing, "tiny_config", tagged)
+
+
 @pytest.fixture
 def bad_family(tmp_path):
     """A family YAML that names a forward registered for the test, removed afterwards."""
@@ -64,27 +78,28 @@ def test_lint_exits_1_on_a_forward_without_skip_logits(bad_family, capsys):
 
 
 def test_lint_deep_exits_1_on_a_forward_that_ignores_skip_logits(bad_family, monkeypatch, capsys):
-    from liger_registry import testing
-
     def ignores_skip(self, ctx, *args, skip_logits=None, **kwargs):
         named, extra = ctx.bind(self, args, kwargs)
         outputs = _base_call(self, ctx, named, extra)
         logits = self.lm_head(outputs.last_hidden_state)
-        loss = self.loss_function(logits=logits, labels=named.get("labels"), vocab_size=self.config.vocab_size)
+        labels = named.get("labels")
+        loss = None if labels is None else self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
         return _output(ctx, outputs, named, loss=loss, logits=logits)
 
     directory = bad_family("ignores_skip", ignores_skip)
-    real = testing.tiny_config
-
-    def llama_config_tagged(model_type, registry=None, **overrides):
-        """A Llama config that reports the test family's model type, so apply() picks the test entry."""
-        config = real("llama" if model_type == "ignores_skip" else model_type, registry, **overrides)
-        config.model_type = model_type
-        return config
-
-    monkeypatch.setattr(testing, "tiny_config", llama_config_tagged)
+    build_as_llama(monkeypatch, "ignores_skip")
     assert cli.main(["lint", "--registry", directory]) == 0  # the signature is right: only running it shows the bug
     capsys.readouterr()
     assert cli.main(["lint", "--deep", "--registry", directory]) == 1
     out = capsys.readouterr().out
     assert "ignores_skip.yaml (deep)" in out and "logits returned" in out
+
+
+def test_lint_deep_reports_a_crashing_forward_instead_of_crashing(bad_family, monkeypatch, capsys):
+    def no_skip(self, ctx, *args, skip_logits=None, **kwargs):
+        raise RuntimeError("broken forward")
+
+    directory = bad_family("no_skip", no_skip)
+    build_as_llama(monkeypatch, "no_skip")
+    assert cli.main(["lint", "--deep", "--registry", directory]) == 1
+    assert "raised RuntimeError: broken forward" in capsys.readouterr().out
