@@ -10,6 +10,25 @@ from . import triton_utils as tu
 
 
 @triton.jit
+def _jsd_terms(x, y, beta, MODE: tl.constexpr):
+    """Per-column loss and d(loss)/d(student log-prob), from log-probs x (student) and y (teacher)."""
+    q = tl.exp(x)
+    if MODE == 0:
+        p = tl.exp(y)
+        lrow = p * (y - x)
+        dx = -p
+    elif MODE == 1:
+        lrow = q * (x - y)
+        dx = lrow + q
+    else:
+        p = tl.exp(y)
+        log_m = tl.log(beta * p + (1.0 - beta) * q)
+        lrow = beta * p * (y - log_m) + (1.0 - beta) * q * (x - log_m)
+        dx = (1.0 - beta) * q * (x - log_m)
+    return lrow, dx, q
+
+
+@triton.jit
 def _jsd_rows_kernel(
     S, stride_s, T, stride_t, VALID, LOSS, SCALE, n_cols, beta, inv_temp,
     MODE: tl.constexpr,  # 0 forward KL (beta=0), 1 reverse KL (beta=1), 2 mixture
@@ -51,20 +70,7 @@ def _jsd_rows_kernel(
         mask = cols < n_cols
         x = tl.load(s_ptr + cols, mask=mask, other=0.0).to(tl.float32) * inv_temp - lse_s
         y = tl.load(t_ptr + cols, mask=mask, other=0.0).to(tl.float32) * inv_temp - lse_t
-        q = tl.exp(x)
-        if MODE == 0:
-            p = tl.exp(y)
-            lrow = p * (y - x)
-            dx = -p
-        elif MODE == 1:
-            lrow = q * (x - y)
-            dx = lrow + q
-        else:
-            p = tl.exp(y)
-            mm = beta * p + (1.0 - beta) * q
-            log_m = tl.log(mm)
-            lrow = beta * p * (y - log_m) + (1.0 - beta) * q * (x - log_m)
-            dx = (1.0 - beta) * q * (x - log_m)
+        lrow, dx, q = _jsd_terms(x, y, beta, MODE)
         loss += tl.sum(tl.where(mask, lrow, 0.0), 0)
         sdx += tl.sum(tl.where(mask, dx, 0.0), 0)
     tl.store(LOSS + row, loss)
@@ -75,14 +81,7 @@ def _jsd_rows_kernel(
             mask = cols < n_cols
             x = tl.load(s_ptr + cols, mask=mask, other=0.0).to(tl.float32) * inv_temp - lse_s
             y = tl.load(t_ptr + cols, mask=mask, other=0.0).to(tl.float32) * inv_temp - lse_t
-            q = tl.exp(x)
-            if MODE == 0:
-                dx = -tl.exp(y)
-            elif MODE == 1:
-                dx = q * (x - y) + q
-            else:
-                p = tl.exp(y)
-                dx = (1.0 - beta) * q * (x - tl.log(beta * p + (1.0 - beta) * q))
+            _, dx, q = _jsd_terms(x, y, beta, MODE)
             g = (dx - q * sdx) * g_s
             tl.store(s_ptr + cols, g.to(S.dtype.element_ty), mask=mask)
 
