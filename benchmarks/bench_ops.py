@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import copy_bandwidth_gbs, env_info, kernel_ms, median_ms, write_json  # noqa: E402
 
 from liger_registry import kernels as K  # noqa: E402
-from liger_registry.kernels import reference  # noqa: E402
+from liger_registry.kernels import torch_impl  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -56,7 +56,7 @@ def _glu_case(kind):
     a, b = _rand(n, h), _rand(n, h)
     dc = torch.randn(n, h, device="cuda").to(BF)
     ours = K.swiglu if kind == "swiglu" else K.geglu
-    eager = reference.swiglu_torch if kind == "swiglu" else reference.geglu_torch
+    eager = torch_impl.swiglu_torch if kind == "swiglu" else torch_impl.geglu_torch
 
     def peer():
         if kind == "swiglu":

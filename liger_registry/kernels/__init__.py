@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from . import reference
+from . import torch_impl
+from .ce_torch import check_ce_options
 from .cross_entropy import cross_entropy_torch
-from .flce import FLCEOutput, FusedLinearCrossEntropyFunction, flce_chunk_geometry
+from .custom_ops import geglu_triton, layer_norm_triton, rms_norm_triton, rope_triton, swiglu_triton
+from .custom_ops_loss import cross_entropy_triton
+from .flce import FLCEOutput, FusedLinearCrossEntropyFunction
 from .flce import fused_linear_cross_entropy as fused_linear_cross_entropy
+from .flce_options import FlceOptions
+from .flce_plan import FlcePlan, flce_chunk_geometry, flce_plan
 from .jsd import FusedLinearJSDFunction
 from .jsd import fused_linear_jsd as fused_linear_jsd
 from .op import (
@@ -17,25 +22,11 @@ from .op import (
     BackendError,
     Op,
     backend_for,
+    decide_backend,
     register,
     requested_backend,
     why_not_triton,
 )
-
-try:
-    from . import custom_ops as _cops
-    from . import custom_ops_loss as _lops
-
-    _TRITON = True
-except ImportError:  # pragma: no cover - triton missing (non-Linux): torch only
-    _cops = _lops = None
-    _TRITON = False
-
-
-def _t(name: str):
-    if not _TRITON:
-        return None
-    return getattr(_cops, name, None) or getattr(_lops, name)
 
 
 def _max_cols(limit: int = 65536):
@@ -46,20 +37,22 @@ def _max_cols(limit: int = 65536):
     return check
 
 
+register(Op("cross_entropy", torch_impl=cross_entropy_torch, triton_impl=cross_entropy_triton))
+register(
+    Op("rms_norm", torch_impl=torch_impl.rms_norm_torch, triton_impl=rms_norm_triton, extra_check=_max_cols())
+)
+register(
+    Op(
+        "layer_norm",
+        torch_impl=torch_impl.layer_norm_torch,
+        triton_impl=layer_norm_triton,
+        extra_check=_max_cols(),
+    )
+)
+register(Op("rope", torch_impl=torch_impl.rope_torch, triton_impl=rope_triton))
+register(Op("swiglu", torch_impl=torch_impl.swiglu_torch, triton_impl=swiglu_triton))
+register(Op("geglu", torch_impl=torch_impl.geglu_torch, triton_impl=geglu_triton))
 
-
-
-register(Op("fused_linear_cross_entropy", torch_impl=fused_linear_cross_entropy,
-            triton_impl=fused_linear_cross_entropy if _TRITON else None))
-register(Op("fused_linear_jsd", torch_impl=fused_linear_jsd, triton_impl=fused_linear_jsd if _TRITON else None))
-register(Op("cross_entropy", torch_impl=cross_entropy_torch, triton_impl=_t("cross_entropy_triton")))
-register(Op("rms_norm", torch_impl=reference.rms_norm_torch, triton_impl=_t("rms_norm_triton"),
-            extra_check=_max_cols()))
-register(Op("layer_norm", torch_impl=reference.layer_norm_torch, triton_impl=_t("layer_norm_triton"),
-            extra_check=_max_cols()))
-register(Op("rope", torch_impl=reference.rope_torch, triton_impl=_t("rope_triton")))
-register(Op("swiglu", torch_impl=reference.swiglu_torch, triton_impl=_t("swiglu_triton")))
-register(Op("geglu", torch_impl=reference.geglu_torch, triton_impl=_t("geglu_triton")))
 
 def cross_entropy(
     logits: torch.Tensor,
@@ -73,11 +66,11 @@ def cross_entropy(
     class_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross entropy over rows of ``logits`` [N, V]; same semantics as :func:`fused_linear_cross_entropy`."""
-    from .ce_torch import check_ce_options
-
     check_ce_options(label_smoothing, softcap, reduction)
     if logits.dim() != 2 or target.shape != (logits.shape[0],):
-        raise ValueError(f"logits must be [N, V] and target [N]; got {tuple(logits.shape)}, {tuple(target.shape)}")
+        raise ValueError(
+            f"logits must be [N, V] and target [N]; got {tuple(logits.shape)}, {tuple(target.shape)}"
+        )
     return OPS["cross_entropy"](
         logits,
         target,
@@ -100,16 +93,17 @@ def rms_norm(
     in_place_backward: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last dim; casting modes ``llama`` | ``gemma`` | ``none`` (see
-    :func:`reference.rms_norm_torch` for what each means and why it exists).
+    :func:`torch_impl.rms_norm_torch` for what each means and why it exists).
 
     ``in_place_backward=True`` lets the Triton backward overwrite the incoming gradient with dx (saves one
     activation-sized buffer). Off by default: it is only safe when nothing else reads that gradient tensor,
     and autograd may hand the same tensor to several consumers (e.g. both inputs of an ``add``)."""
-    reference.check_casting_mode(casting_mode)
+    torch_impl.check_casting_mode(casting_mode)
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
     op = OPS["rms_norm"]
-    if op.choose(x, weight, eps, offset, casting_mode) == "triton":
+    backend, _ = op.decide(x, weight, eps, offset, casting_mode)
+    if backend == "triton":
         return op.triton_impl(x, weight, eps, offset, casting_mode, in_place_backward)
     return op.torch_impl(x, weight, eps, offset, casting_mode)
 
@@ -124,7 +118,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Rotary embedding of q and k [batch, heads, seq, head_dim] with cos/sin [batch or 1, seq, head_dim];
     identical to HF ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``. Returns ``(q_out, k_out)``."""
-    reference.check_rope_shapes(q, k, cos, sin)
+    torch_impl.check_rope_shapes(q, k, cos, sin)
     return OPS["rope"](q, k, cos, sin)
 
 
@@ -148,12 +142,16 @@ __all__ = [
     "OPS",
     "BackendError",
     "FLCEOutput",
+    "FlceOptions",
+    "FlcePlan",
     "FusedLinearCrossEntropyFunction",
     "FusedLinearJSDFunction",
     "Op",
     "backend_for",
     "cross_entropy",
+    "decide_backend",
     "flce_chunk_geometry",
+    "flce_plan",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
     "geglu",

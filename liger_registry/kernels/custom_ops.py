@@ -1,9 +1,9 @@
 """``torch.library`` custom ops (namespace ``liger_registry``) wrapping the Triton kernels.
 
 Each op has a fake (meta) implementation and a registered autograd formula, so ``torch.compile`` treats it
-as one opaque node without a graph break. Every op also runs with the PyTorch implementation when the
-backend resolves to torch (``LIGER_REGISTRY_BACKEND=torch``, or ``auto`` on CPU tensors), so a direct call
-of ``torch.ops.liger_registry.*`` works everywhere.
+as one opaque node without a graph break. Each op takes the backend decided by its ``Op`` (``"triton"`` or
+``"torch"``) as its last argument and does not decide again; with ``"torch"`` it runs the PyTorch formulas, so a
+direct call of ``torch.ops.liger_registry.*`` works everywhere.
 """
 
 from __future__ import annotations
@@ -11,15 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import reference, triton_glu, triton_norm, triton_rope
-from .op import requested_backend
+from . import torch_impl, triton_glu, triton_norm, triton_rope
 
 NS = "liger_registry"
-
-
-def _use_torch(*tensors: Tensor) -> bool:
-    b = requested_backend()
-    return b == "torch" or (b == "auto" and not any(t.is_cuda for t in tensors))
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -40,8 +34,11 @@ def _eager_function(name: str, impl, setup, backward, aux: tuple[int, ...] = ())
             ctx.mark_non_differentiable(*[out[i] for i in aux])
         return out
 
-    return type(name, (torch.autograd.Function,), {
-        "forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))})
+    return type(
+        name,
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))},
+    )
 
 
 def _call(op, eager_fn, *args):
@@ -55,11 +52,13 @@ def _rms_out_dtype(x: Tensor, w: Tensor, mode: str) -> torch.dtype:
     return torch.promote_types(x.dtype, w.dtype) if mode == "llama" else x.dtype
 
 
-def _rms_norm_fwd_impl(x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str) -> tuple[Tensor, Tensor]:
-    if _use_torch(x, weight):
+def _rms_norm_fwd_impl(
+    x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str, backend: str
+) -> tuple[Tensor, Tensor]:
+    if backend == "torch":
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps).reshape(-1)
-        return reference.rms_norm_torch(x, weight, eps, offset, casting_mode), rstd
+        return torch_impl.rms_norm_torch(x, weight, eps, offset, casting_mode), rstd
     return triton_norm.rms_norm_fwd(x, weight, eps, offset, casting_mode)
 
 
@@ -67,16 +66,26 @@ rms_norm_fwd = torch.library.custom_op(f"{NS}::rms_norm_fwd", _rms_norm_fwd_impl
 
 
 @rms_norm_fwd.register_fake
-def _(x, weight, eps, offset, casting_mode):
+def _(x, weight, eps, offset, casting_mode, backend):
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 1
-    return x.new_empty(x.shape, dtype=_rms_out_dtype(x, weight, casting_mode)), x.new_empty(rows, dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=_rms_out_dtype(x, weight, casting_mode)), x.new_empty(
+        rows, dtype=torch.float32
+    )
 
 
 def _rms_norm_bwd_impl(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, eps: float, offset: float, casting_mode: str, need_dw: bool
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    rstd: Tensor,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    need_dw: bool,
+    backend: str,
 ) -> tuple[Tensor, Tensor]:
-    if _use_torch(x, weight):
-        dx, dw = reference.rms_norm_bwd_torch(dy, x, weight, eps, offset, casting_mode, need_dw)
+    if backend == "torch":
+        dx, dw = torch_impl.rms_norm_bwd_torch(dy, x, weight, eps, offset, casting_mode, need_dw)
         return dx, dw if dw is not None else _empty(weight)
     dx, dw = triton_norm.rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw)
     return dx, dw if dw is not None else _empty(weight)
@@ -86,7 +95,7 @@ rms_norm_bwd = torch.library.custom_op(f"{NS}::rms_norm_bwd", _rms_norm_bwd_impl
 
 
 @rms_norm_bwd.register_fake
-def _(dy, x, weight, rstd, eps, offset, casting_mode, need_dw):
+def _(dy, x, weight, rstd, eps, offset, casting_mode, need_dw, backend):
     return torch.empty_like(x), torch.empty_like(weight) if need_dw else weight.new_empty(0)
 
 
@@ -100,7 +109,9 @@ def _rms_norm_bwd_inplace_impl(
     return dw if dw is not None else _empty(weight)
 
 
-rms_norm_bwd_inplace = torch.library.custom_op(f"{NS}::rms_norm_bwd_", _rms_norm_bwd_inplace_impl, mutates_args=("dy",))
+rms_norm_bwd_inplace = torch.library.custom_op(
+    f"{NS}::rms_norm_bwd_", _rms_norm_bwd_inplace_impl, mutates_args=("dy",)
+)
 
 
 @rms_norm_bwd_inplace.register_fake
@@ -109,19 +120,19 @@ def _(dy, x, weight, rstd, offset, casting_mode, need_dw):
 
 
 def _rms_setup(ctx, inputs, output):
-    x, weight, eps, offset, casting_mode = inputs
+    x, weight, eps, offset, casting_mode, backend = inputs
     ctx.save_for_backward(x, weight, output[1])
-    ctx.args = (eps, offset, casting_mode)
+    ctx.args = (eps, offset, casting_mode, backend)
     ctx.in_place = False
 
 
 def _rms_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
-    eps, offset, mode = ctx.args
+    eps, offset, mode, backend = ctx.args
     need_dw = ctx.needs_input_grad[1]
     bwd = _rms_norm_bwd_impl if getattr(ctx, "eager", False) else rms_norm_bwd
-    dx, dw = bwd(dy, x, weight, rstd, eps, offset, mode, need_dw)
-    return dx, (dw if need_dw else None), None, None, None
+    dx, dw = bwd(dy, x, weight, rstd, eps, offset, mode, need_dw, backend)
+    return dx, (dw if need_dw else None), None, None, None, None
 
 
 torch.library.register_autograd(f"{NS}::rms_norm_fwd", _rms_backward, setup_context=_rms_setup)
@@ -133,7 +144,7 @@ class _RMSNormInPlaceBackward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, casting_mode):
-        y, rstd = _rms_norm_fwd_impl(x, weight, eps, offset, casting_mode)
+        y, rstd = _rms_norm_fwd_impl(x, weight, eps, offset, casting_mode, "triton")
         ctx.save_for_backward(x, weight, rstd)
         ctx.args = (eps, offset, casting_mode)
         return y
@@ -143,11 +154,11 @@ class _RMSNormInPlaceBackward(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         eps, offset, mode = ctx.args
         need_dw = ctx.needs_input_grad[1]
-        if dy.dtype == x.dtype and dy.is_contiguous() and not _use_torch(x):
+        if dy.dtype == x.dtype and dy.is_contiguous():
             dw = _rms_norm_bwd_inplace_impl(dy, x, weight, rstd, offset, mode, need_dw)
             dx = dy
         else:
-            dx, dw = _rms_norm_bwd_impl(dy, x, weight, rstd, eps, offset, mode, need_dw)
+            dx, dw = _rms_norm_bwd_impl(dy, x, weight, rstd, eps, offset, mode, need_dw, "triton")
         return dx, (dw if need_dw else None), None, None, None
 
 
@@ -157,15 +168,17 @@ _RMSNormFn = _eager_function("_RMSNormFn", _rms_norm_fwd_impl, _rms_setup, _rms_
 def rms_norm_triton(x, weight, eps, offset=0.0, casting_mode="llama", in_place_backward=False):
     if in_place_backward and not torch.compiler.is_compiling():
         return _RMSNormInPlaceBackward.apply(x, weight, float(eps), float(offset), casting_mode)
-    return _call(rms_norm_fwd, _RMSNormFn, x, weight, float(eps), float(offset), casting_mode)[0]
+    return _call(rms_norm_fwd, _RMSNormFn, x, weight, float(eps), float(offset), casting_mode, "triton")[0]
 
 
 # ---------------------------------------------------------------- LayerNorm
-def _layer_norm_fwd_impl(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    if _use_torch(x, weight):
+def _layer_norm_fwd_impl(
+    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
+    if backend == "torch":
         xf = x.float().reshape(-1, x.shape[-1])
         var, mean = torch.var_mean(xf, -1, unbiased=False)
-        return reference.layer_norm_torch(x, weight, bias, eps), mean, torch.rsqrt(var + eps)
+        return torch_impl.layer_norm_torch(x, weight, bias, eps), mean, torch.rsqrt(var + eps)
     return triton_norm.layer_norm_fwd(x, weight, bias, eps)
 
 
@@ -173,19 +186,29 @@ layer_norm_fwd = torch.library.custom_op(f"{NS}::layer_norm_fwd", _layer_norm_fw
 
 
 @layer_norm_fwd.register_fake
-def _(x, weight, bias, eps):
+def _(x, weight, bias, eps, backend):
     rows = x.numel() // max(x.shape[-1], 1)
     return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
 
 
 def _layer_norm_bwd_impl(
-    dy: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, mean: Tensor, rstd: Tensor, eps: float,
-    need_dw: bool, need_db: bool,
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    mean: Tensor,
+    rstd: Tensor,
+    eps: float,
+    need_dw: bool,
+    need_db: bool,
+    backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    if _use_torch(x, weight):
-        dx, dw, db = reference.layer_norm_bwd_torch(dy, x, weight, bias, eps, need_dw, need_db)
+    if backend == "torch":
+        dx, dw, db = torch_impl.layer_norm_bwd_torch(dy, x, weight, bias, eps, need_dw, need_db)
     else:
-        dx, dw, db = triton_norm.layer_norm_bwd(dy, x, weight, mean, rstd, need_dw, need_db and bias is not None)
+        dx, dw, db = triton_norm.layer_norm_bwd(
+            dy, x, weight, mean, rstd, need_dw, need_db and bias is not None
+        )
     return dx, dw if dw is not None else _empty(weight), db if db is not None else _empty(weight)
 
 
@@ -193,7 +216,7 @@ layer_norm_bwd = torch.library.custom_op(f"{NS}::layer_norm_bwd", _layer_norm_bw
 
 
 @layer_norm_bwd.register_fake
-def _(dy, x, weight, bias, mean, rstd, eps, need_dw, need_db):
+def _(dy, x, weight, bias, mean, rstd, eps, need_dw, need_db, backend):
     return (
         torch.empty_like(x),
         torch.empty_like(weight) if need_dw else weight.new_empty(0),
@@ -202,17 +225,18 @@ def _(dy, x, weight, bias, mean, rstd, eps, need_dw, need_db):
 
 
 def _ln_setup(ctx, inputs, output):
-    x, weight, bias, eps = inputs
+    x, weight, bias, eps, backend = inputs
     ctx.save_for_backward(x, weight, bias, output[1], output[2])
-    ctx.eps = eps
+    ctx.args = (eps, backend)
 
 
 def _ln_backward(ctx, dy, _dm, _dr):
     x, weight, bias, mean, rstd = ctx.saved_tensors
     need_dw, need_db = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     bwd = _layer_norm_bwd_impl if getattr(ctx, "eager", False) else layer_norm_bwd
-    dx, dw, db = bwd(dy, x, weight, bias, mean, rstd, ctx.eps, need_dw, need_db)
-    return dx, (dw if need_dw else None), (db if need_db and bias is not None else None), None
+    eps, backend = ctx.args
+    dx, dw, db = bwd(dy, x, weight, bias, mean, rstd, eps, need_dw, need_db, backend)
+    return dx, (dw if need_dw else None), (db if need_db and bias is not None else None), None, None
 
 
 torch.library.register_autograd(f"{NS}::layer_norm_fwd", _ln_backward, setup_context=_ln_setup)
@@ -222,15 +246,17 @@ _LayerNormFn = _eager_function("_LayerNormFn", _layer_norm_fwd_impl, _ln_setup, 
 
 
 def layer_norm_triton(x, weight, bias, eps):
-    return _call(layer_norm_fwd, _LayerNormFn, x, weight, bias, float(eps))[0]
+    return _call(layer_norm_fwd, _LayerNormFn, x, weight, bias, float(eps), "triton")[0]
 
 
 # ---------------------------------------------------------------- RoPE
-def _rope_op_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool) -> tuple[Tensor, Tensor]:
-    if _use_torch(q, k):
+def _rope_op_impl(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool, backend: str
+) -> tuple[Tensor, Tensor]:
+    if backend == "torch":
         if not backward:
-            return reference.rope_torch(q, k, cos, sin)
-        return reference.rope_bwd_torch(q, k, cos, sin)  # q, k are the incoming grads here
+            return torch_impl.rope_torch(q, k, cos, sin)
+        return torch_impl.rope_bwd_torch(q, k, cos, sin)  # q, k are the incoming grads here
     return triton_rope.rope_apply(q, k, cos, sin, backward=backward)
 
 
@@ -238,7 +264,7 @@ rope_op = torch.library.custom_op(f"{NS}::rope", _rope_op_impl, mutates_args=())
 
 
 @rope_op.register_fake
-def _(q, k, cos, sin, backward):
+def _(q, k, cos, sin, backward, backend):
     return (
         q.new_empty(q.shape, dtype=torch.promote_types(q.dtype, cos.dtype)),
         k.new_empty(k.shape, dtype=torch.promote_types(k.dtype, cos.dtype)),
@@ -246,8 +272,9 @@ def _(q, k, cos, sin, backward):
 
 
 def _rope_setup(ctx, inputs, output):
-    q, k, cos, sin, _ = inputs
+    q, k, cos, sin, _, backend = inputs
     ctx.save_for_backward(cos, sin)
+    ctx.backend = backend
     ctx.dtypes = (q.dtype, k.dtype)
     ctx.shapes = (q.shape, k.shape)
 
@@ -259,8 +286,8 @@ def _rope_backward(ctx, dq, dk):
     if dk is None:
         dk = cos.new_zeros(ctx.shapes[1], dtype=ctx.dtypes[1])
     fn = _rope_op_impl if getattr(ctx, "eager", False) else rope_op
-    gq, gk = fn(dq, dk, cos, sin, True)
-    return gq.to(ctx.dtypes[0]), gk.to(ctx.dtypes[1]), None, None, None
+    gq, gk = fn(dq, dk, cos, sin, True, ctx.backend)
+    return gq.to(ctx.dtypes[0]), gk.to(ctx.dtypes[1]), None, None, None, None
 
 
 torch.library.register_autograd(f"{NS}::rope", _rope_backward, setup_context=_rope_setup)
@@ -270,15 +297,15 @@ _RopeFn = _eager_function("_RopeFn", _rope_op_impl, _rope_setup, _rope_backward)
 
 
 def rope_triton(q, k, cos, sin):
-    return _call(rope_op, _RopeFn, q, k, cos, sin, False)
+    return _call(rope_op, _RopeFn, q, k, cos, sin, False, "triton")
 
 
 # ---------------------------------------------------------------- SwiGLU / GeGLU
-_GLU_TORCH = {0: reference.swiglu_torch, 1: reference.geglu_torch}
+_GLU_TORCH = {0: torch_impl.swiglu_torch, 1: torch_impl.geglu_torch}
 
 
-def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int) -> Tensor:
-    if _use_torch(gate, up):
+def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int, backend: str) -> Tensor:
+    if backend == "torch":
         return _GLU_TORCH[kind](gate, up)
     return triton_glu.glu_fwd(gate, up, kind)
 
@@ -287,13 +314,13 @@ glu_fwd = torch.library.custom_op(f"{NS}::glu_fwd", _glu_fwd_impl, mutates_args=
 
 
 @glu_fwd.register_fake
-def _(gate, up, kind):
+def _(gate, up, kind, backend):
     return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
 
 
-def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int) -> tuple[Tensor, Tensor]:
-    if _use_torch(gate, up):
-        return reference.glu_bwd_torch(dc, gate, up, kind)
+def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int, backend: str) -> tuple[Tensor, Tensor]:
+    if backend == "torch":
+        return torch_impl.glu_bwd_torch(dc, gate, up, kind)
     return triton_glu.glu_bwd(dc, gate, up, kind)
 
 
@@ -301,21 +328,21 @@ glu_bwd = torch.library.custom_op(f"{NS}::glu_bwd", _glu_bwd_impl, mutates_args=
 
 
 @glu_bwd.register_fake
-def _(dc, gate, up, kind):
+def _(dc, gate, up, kind, backend):
     return torch.empty_like(gate), torch.empty_like(up)
 
 
 def _glu_setup(ctx, inputs, output):
-    gate, up, kind = inputs
+    gate, up, kind, backend = inputs
     ctx.save_for_backward(gate, up)
-    ctx.kind = kind
+    ctx.args = (kind, backend)
 
 
 def _glu_backward(ctx, dc):
     gate, up = ctx.saved_tensors
     bwd = _glu_bwd_impl if getattr(ctx, "eager", False) else glu_bwd
-    da, db = bwd(dc, gate, up, ctx.kind)
-    return da, db, None
+    da, db = bwd(dc, gate, up, *ctx.args)
+    return da, db, None, None
 
 
 torch.library.register_autograd(f"{NS}::glu_fwd", _glu_backward, setup_context=_glu_setup)
@@ -325,8 +352,8 @@ _GluFn = _eager_function("_GluFn", _glu_fwd_impl, _glu_setup, _glu_backward)
 
 
 def swiglu_triton(gate, up):
-    return _call(glu_fwd, _GluFn, gate, up, 0)
+    return _call(glu_fwd, _GluFn, gate, up, 0, "triton")
 
 
 def geglu_triton(gate, up):
-    return _call(glu_fwd, _GluFn, gate, up, 1)
+    return _call(glu_fwd, _GluFn, gate, up, 1, "triton")

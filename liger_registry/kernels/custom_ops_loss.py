@@ -6,15 +6,12 @@ import torch
 from torch import Tensor
 
 from . import ce_torch
-from .custom_ops import NS, _call, _eager_function, _use_torch
-
-
-def _ce_rows(logits: Tensor):
-    if _use_torch(logits):
-        return ce_torch.ce_rows_torch
-    from .triton_ce import ce_rows_triton
-
-    return ce_rows_triton
+from .ce_rows import ce_rows_for
+from .cross_entropy import reduce_ce
+from .custom_ops import NS, _call, _eager_function
+from .flce_loop import flce_compute
+from .flce_run import FlceRun
+from .jsd_loop import fljsd_compute
 
 
 # ---------------------------------------------------------------- cross entropy over logits rows
@@ -27,32 +24,66 @@ def _ce_scales(reduction, target, ignore_index, class_weights):
 
 
 def _cross_entropy_fwd_impl(
-    logits: Tensor, target: Tensor, class_weights: Tensor | None, ignore_index: int, label_smoothing: float,
-    softcap: float | None, lse_square_scale: float, reduction: str, compute_grad: bool,
+    logits: Tensor,
+    target: Tensor,
+    class_weights: Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    softcap: float | None,
+    lse_square_scale: float,
+    reduction: str,
+    compute_grad: bool,
+    backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, z_loss, grad); with ``compute_grad`` the gradient of the loss (for grad_output 1) is written into
     a new buffer in the same pass that reads the logits (the logits themselves are left untouched)."""
-    from .cross_entropy import reduce_ce
-
     buf = logits if logits.stride(-1) == 1 else logits.contiguous()
     grad = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device) if compute_grad else buf.new_empty(0)
     ce_s, z_s = _ce_scales(reduction, target, ignore_index, class_weights)
-    ce, zl, _ = _ce_rows(logits)(
-        buf, target, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap, logit_scale=1.0,
-        lse_square_scale=lse_square_scale, class_weights=class_weights, ce_grad_scale=ce_s, z_grad_scale=z_s,
-        row_grad=None, compute_grad=compute_grad, argmax_mode=0, grad_out=grad if compute_grad else None,
+    ce, zl, _ = ce_rows_for(backend)(
+        buf,
+        target,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        softcap=softcap,
+        logit_scale=1.0,
+        lse_square_scale=lse_square_scale,
+        class_weights=class_weights,
+        ce_grad_scale=ce_s,
+        z_grad_scale=z_s,
+        row_grad=None,
+        compute_grad=compute_grad,
+        argmax_mode=0,
+        grad_out=grad if compute_grad else None,
     )
     loss, z = reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)
     return loss, z, grad
 
 
-cross_entropy_fwd = torch.library.custom_op(f"{NS}::cross_entropy_fwd", _cross_entropy_fwd_impl, mutates_args=())
+cross_entropy_fwd = torch.library.custom_op(
+    f"{NS}::cross_entropy_fwd", _cross_entropy_fwd_impl, mutates_args=()
+)
 
 
 @cross_entropy_fwd.register_fake
-def _(logits, target, class_weights, ignore_index, label_smoothing, softcap, lse_square_scale, reduction, compute_grad):
+def _(
+    logits,
+    target,
+    class_weights,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    lse_square_scale,
+    reduction,
+    compute_grad,
+    backend,
+):
     shape = (logits.shape[0],) if reduction == "none" else ()
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if compute_grad else logits.new_empty(0)
+    grad = (
+        torch.empty_like(logits, memory_format=torch.contiguous_format)
+        if compute_grad
+        else logits.new_empty(0)
+    )
     return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32), grad
 
 
@@ -81,76 +112,131 @@ def _ce_setup(ctx, inputs, output):
 def _ce_backward(ctx, grad, _gz, _gg):
     (g,) = ctx.saved_tensors
     (_scale_rows_impl if getattr(ctx, "eager", False) else scale_rows_)(g, grad)
-    return g, None, None, None, None, None, None, None, None
+    return g, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{NS}::cross_entropy_fwd", _ce_backward, setup_context=_ce_setup)
 
 
-_CrossEntropyFn = _eager_function("_CrossEntropyFn", _cross_entropy_fwd_impl, _ce_setup, _ce_backward, aux=(1, 2))
+_CrossEntropyFn = _eager_function(
+    "_CrossEntropyFn", _cross_entropy_fwd_impl, _ce_setup, _ce_backward, aux=(1, 2)
+)
 
 
 def cross_entropy_triton(
-    logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean", softcap=None,
-    lse_square_scale=0.0, class_weights=None,
+    logits,
+    target,
+    *,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    reduction="mean",
+    softcap=None,
+    lse_square_scale=0.0,
+    class_weights=None,
 ):
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     return _call(
         cross_entropy_fwd,
         _CrossEntropyFn,
-        logits, target, class_weights, int(ignore_index), float(label_smoothing),
-        None if softcap is None else float(softcap), float(lse_square_scale), reduction, compute_grad,
+        logits,
+        target,
+        class_weights,
+        int(ignore_index),
+        float(label_smoothing),
+        None if softcap is None else float(softcap),
+        float(lse_square_scale),
+        reduction,
+        compute_grad,
+        "triton",
     )[0]
 
 
 # ---------------------------------------------------------------- fused linear cross entropy
+def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
+    return like.new_empty(0) if t is None else t
+
+
 @torch.library.custom_op(f"{NS}::flce_forward", mutates_args=())
 def flce_forward(
-    hidden: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, class_weights: Tensor | None,
-    row_grad: Tensor | None, ignore_index: int, label_smoothing: float, softcap: float | None, logit_scale: float,
-    lse_square_scale: float, reduction: str, accum_dtype: torch.dtype | None, chunk_mem_const: int,
-    need_dh: bool, need_dw: bool, need_db: bool, argmax_mode: int, backend: str,
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    class_weights: Tensor | None,
+    row_grad: Tensor | None,
+    need_dh: bool,
+    need_dw: bool,
+    need_db: bool,
+    ignore_index: int,
+    label_smoothing: float,
+    softcap: float | None,
+    logit_scale: float,
+    lse_square_scale: float,
+    reduction: str,
+    accum_dtype: torch.dtype | None,
+    strategy: str,
+    chunk: int,
+    backend: str,
+    argmax_mode: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(loss, z_loss, n_correct, argmax, dh, dw, db); absent gradients are empty tensors."""
-    from .flce import flce_compute
-
-    loss, z, n_correct, argmax, dh, dw, db = flce_compute(
-        hidden, weight, target, bias, ignore_index=ignore_index, label_smoothing=label_smoothing, softcap=softcap,
-        logit_scale=logit_scale, lse_square_scale=lse_square_scale, reduction=reduction,
-        class_weights=class_weights, accum_dtype=accum_dtype, chunk_mem_const=chunk_mem_const, need_dh=need_dh,
-        need_dw=need_dw, need_db=need_db, row_grad=row_grad, backend=backend, argmax_mode=argmax_mode,
+    """:func:`flce_loop.flce_compute` with the :class:`FlceRun` flattened (``FlceRun.flat``); absent gradients
+    are empty tensors. (loss, z_loss, n_correct, argmax, dh, dw, db)."""
+    run = FlceRun.from_flat(
+        ignore_index,
+        label_smoothing,
+        softcap,
+        logit_scale,
+        lse_square_scale,
+        reduction,
+        accum_dtype,
+        strategy,
+        chunk,
+        backend,
+        argmax_mode,
     )
-    def e():
-        return hidden.new_empty(0)
-
-    return loss, z, n_correct, argmax, e() if dh is None else dh, e() if dw is None else dw, e() if db is None else db
+    loss, z, n_correct, argmax, dh, dw, db = flce_compute(
+        hidden, weight, target, bias, class_weights, row_grad, run, (need_dh, need_dw, need_db)
+    )
+    return loss, z, n_correct, argmax, _or_empty(dh, hidden), _or_empty(dw, hidden), _or_empty(db, hidden)
 
 
 @flce_forward.register_fake
-def _(hidden, weight, target, bias, class_weights, row_grad, ignore_index, label_smoothing, softcap, logit_scale,
-      lse_square_scale, reduction, accum_dtype, chunk_mem_const, need_dh, need_dw, need_db, argmax_mode, backend):
+def _(hidden, weight, target, bias, class_weights, row_grad, need_dh, need_dw, need_db, *flat_run):
+    run = FlceRun.from_flat(*flat_run)
     n = hidden.shape[0]
-    shape = (n,) if reduction == "none" else ()
+    shape = (n,) if run.options.reduction == "none" else ()
     f32 = torch.float32
     return (
         hidden.new_empty(shape, dtype=f32),
         hidden.new_empty(shape, dtype=f32),
         hidden.new_empty((), dtype=torch.long),
-        hidden.new_empty((n,) if argmax_mode else (0,), dtype=torch.long),
+        hidden.new_empty((n,) if run.argmax_mode else (0,), dtype=torch.long),
         torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_dh else hidden.new_empty(0),
         torch.empty_like(weight, memory_format=torch.contiguous_format) if need_dw else hidden.new_empty(0),
         bias.new_empty(bias.shape) if (need_db and bias is not None) else hidden.new_empty(0),
     )
 
 
-@torch.library.custom_op(f"{NS}::flce_scale_grads_", mutates_args=("dh", "dw", "db"))
-def flce_scale_grads_(dh: Tensor, dw: Tensor, db: Tensor, grad_output: Tensor) -> None:
-    """Scales the precomputed gradients in place by the (scalar) grad_output; a no-op when it is 1."""
+def flce_run_forward(hidden, weight, target, bias, class_weights, row_grad, need, run: FlceRun):
+    """FLCE forward: the custom op under torch.compile, the plain function in eager mode."""
+    if torch.compiler.is_compiling():
+        return flce_forward(hidden, weight, target, bias, class_weights, row_grad, *need, *run.flat())
+    return flce_compute(hidden, weight, target, bias, class_weights, row_grad, run, need)
+
+
+def _scale_grads_impl(dh: Tensor | None, dw: Tensor | None, db: Tensor | None, grad_output: Tensor) -> None:
+    """Scales the precomputed gradients in place by the (scalar) grad_output; a no-op when it is 1 (one check
+    per call, in backward)."""
     if bool(torch.equal(grad_output, torch.ones_like(grad_output))):
         return
     for t in (dh, dw, db):
-        if t.numel():
+        if t is not None and t.numel():
             t.mul_(grad_output.to(t.dtype))
+
+
+flce_scale_grads_ = torch.library.custom_op(
+    f"{NS}::flce_scale_grads_", _scale_grads_impl, mutates_args=("dh", "dw", "db")
+)
 
 
 @flce_scale_grads_.register_fake
@@ -158,16 +244,33 @@ def _(dh, dw, db, grad_output):
     return None
 
 
+def flce_scale_grads(dh: Tensor | None, dw: Tensor | None, db: Tensor | None, grad_output: Tensor) -> None:
+    """The custom op under torch.compile (where absent gradients are empty tensors), the plain function eagerly."""
+    if torch.compiler.is_compiling():
+        flce_scale_grads_(dh, dw, db, grad_output)
+    else:
+        _scale_grads_impl(dh, dw, db, grad_output)
+
+
 # ---------------------------------------------------------------- fused linear JSD
 @torch.library.custom_op(f"{NS}::fljsd_forward", mutates_args=())
 def fljsd_forward(
-    sh: Tensor, sw: Tensor, th: Tensor, tw: Tensor, target: Tensor | None, beta: float, temperature: float,
-    ignore_index: int, chunk_mem_const: int, need_dh: bool, need_dw: bool, backend: str,
+    sh: Tensor,
+    sw: Tensor,
+    th: Tensor,
+    tw: Tensor,
+    target: Tensor | None,
+    beta: float,
+    temperature: float,
+    ignore_index: int,
+    chunk_mem_const: int,
+    need_dh: bool,
+    need_dw: bool,
+    backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    from .jsd import fljsd_compute
-
-    loss, dh, dw = fljsd_compute(sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh,
-                                 need_dw, backend)
+    loss, dh, dw = fljsd_compute(
+        sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend
+    )
     return loss, sh.new_empty(0) if dh is None else dh, sh.new_empty(0) if dw is None else dw
 
 

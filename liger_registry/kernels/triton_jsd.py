@@ -30,9 +30,19 @@ def _jsd_terms(x, y, beta, MODE: tl.constexpr):
 
 @triton.jit
 def _jsd_rows_kernel(
-    S, stride_s, T, stride_t, VALID, LOSS, SCALE, n_cols, beta, inv_temp,
+    S,
+    stride_s,
+    T,
+    stride_t,
+    VALID,
+    LOSS,
+    SCALE,
+    n_cols,
+    beta,
+    inv_temp,
     MODE: tl.constexpr,  # 0 forward KL (beta=0), 1 reverse KL (beta=1), 2 mixture
-    COMPUTE_GRAD: tl.constexpr, BLOCK: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     s_ptr = S + row * stride_s
@@ -100,8 +110,19 @@ def jsd_rows_triton(s_buf, t_buf, valid, *, beta: float, temperature: float, gra
     mode = 0 if beta == 0.0 else (1 if beta == 1.0 else 2)
     block = tu.row_block(v)
     _jsd_rows_kernel[(n,)](
-        s_buf, s_buf.stride(0), t_buf, t_buf.stride(0), valid.to(torch.int8).contiguous(), loss, scale, v,
-        float(beta), 1.0 / float(temperature), MODE=mode, COMPUTE_GRAD=bool(compute_grad), BLOCK=block,
+        s_buf,
+        s_buf.stride(0),
+        t_buf,
+        t_buf.stride(0),
+        valid.to(torch.int8).contiguous(),
+        loss,
+        scale,
+        v,
+        float(beta),
+        1.0 / float(temperature),
+        MODE=mode,
+        COMPUTE_GRAD=bool(compute_grad),
+        BLOCK=block,
         num_warps=tu.warps_for(block),
     )
     return loss

@@ -117,13 +117,25 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
     if n:
         block = triton.next_power_of_2(h)
         _rms_fwd_kernel[(n,)](
-            x2, x2.stride(0), weight.contiguous(), y, y.stride(0), rstd, h, float(eps), float(offset),
-            MODE=_MODES[casting_mode], BLOCK=block, num_warps=tu.warps_for(block),
+            x2,
+            x2.stride(0),
+            weight.contiguous(),
+            y,
+            y.stride(0),
+            rstd,
+            h,
+            float(eps),
+            float(offset),
+            MODE=_MODES[casting_mode],
+            BLOCK=block,
+            num_warps=tu.warps_for(block),
         )
     return y.view(shape), rstd
 
 
-def rms_norm_bwd(dy, x, weight, rstd, offset: float, casting_mode: str, need_dw: bool, in_place: bool = False):
+def rms_norm_bwd(
+    dy, x, weight, rstd, offset: float, casting_mode: str, need_dw: bool, in_place: bool = False
+):
     shape = x.shape
     x2 = tu.contiguous_rows(x)
     dy2 = tu.contiguous_rows(dy)
@@ -137,8 +149,22 @@ def rms_norm_bwd(dy, x, weight, rstd, offset: float, casting_mode: str, need_dw:
     if n:
         block = triton.next_power_of_2(h)
         _rms_bwd_kernel[(progs,)](
-            dy2, dy2.stride(0), x2, x2.stride(0), weight.contiguous(), rstd, dx, dx.stride(0), dw_part,
-            n, h, float(offset), per, MODE=_MODES[casting_mode], HAS_DW=need_dw, BLOCK=block,
+            dy2,
+            dy2.stride(0),
+            x2,
+            x2.stride(0),
+            weight.contiguous(),
+            rstd,
+            dx,
+            dx.stride(0),
+            dw_part,
+            n,
+            h,
+            float(offset),
+            per,
+            MODE=_MODES[casting_mode],
+            HAS_DW=need_dw,
+            BLOCK=block,
             num_warps=tu.warps_for(block),
         )
     dw = None
@@ -148,7 +174,9 @@ def rms_norm_bwd(dy, x, weight, rstd, offset: float, casting_mode: str, need_dw:
 
 
 @triton.jit
-def _ln_fwd_kernel(X, stride_x, W, B, Y, stride_y, MEAN, RSTD, n_cols, eps, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
+def _ln_fwd_kernel(
+    X, stride_x, W, B, Y, stride_y, MEAN, RSTD, n_cols, eps, HAS_B: tl.constexpr, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -168,8 +196,23 @@ def _ln_fwd_kernel(X, stride_x, W, B, Y, stride_y, MEAN, RSTD, n_cols, eps, HAS_
 
 @triton.jit
 def _ln_bwd_kernel(
-    DY, stride_dy, X, stride_x, W, MEAN, RSTD, DX, stride_dx, DW_PART, DB_PART, n_rows, n_cols, rows_per_prog,
-    HAS_DW: tl.constexpr, HAS_DB: tl.constexpr, BLOCK: tl.constexpr,
+    DY,
+    stride_dy,
+    X,
+    stride_x,
+    W,
+    MEAN,
+    RSTD,
+    DX,
+    stride_dx,
+    DW_PART,
+    DB_PART,
+    n_rows,
+    n_cols,
+    rows_per_prog,
+    HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -212,8 +255,19 @@ def layer_norm_fwd(x, weight, bias, eps: float):
     if n:
         block = triton.next_power_of_2(h)
         _ln_fwd_kernel[(n,)](
-            x2, x2.stride(0), weight.contiguous(), bias.contiguous() if bias is not None else weight, y, y.stride(0),
-            mean, rstd, h, float(eps), HAS_B=bias is not None, BLOCK=block, num_warps=tu.warps_for(block),
+            x2,
+            x2.stride(0),
+            weight.contiguous(),
+            bias.contiguous() if bias is not None else weight,
+            y,
+            y.stride(0),
+            mean,
+            rstd,
+            h,
+            float(eps),
+            HAS_B=bias is not None,
+            BLOCK=block,
+            num_warps=tu.warps_for(block),
         )
     return y.view(shape), mean, rstd
 
@@ -230,9 +284,29 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
     if n:
         block = triton.next_power_of_2(h)
         _ln_bwd_kernel[(progs,)](
-            dy2, dy2.stride(0), x2, x2.stride(0), weight.contiguous(), mean, rstd, dx, dx.stride(0), dw_part,
-            db_part, n, h, per, HAS_DW=need_dw, HAS_DB=need_db, BLOCK=block, num_warps=tu.warps_for(block),
+            dy2,
+            dy2.stride(0),
+            x2,
+            x2.stride(0),
+            weight.contiguous(),
+            mean,
+            rstd,
+            dx,
+            dx.stride(0),
+            dw_part,
+            db_part,
+            n,
+            h,
+            per,
+            HAS_DW=need_dw,
+            HAS_DB=need_db,
+            BLOCK=block,
+            num_warps=tu.warps_for(block),
         )
     dw = (dw_part.sum(0).to(weight.dtype) if n else torch.zeros_like(weight)) if need_dw else None
-    db = (db_part.sum(0).to(weight.dtype) if n else torch.zeros(h, dtype=weight.dtype, device=x.device)) if need_db else None
+    db = (
+        (db_part.sum(0).to(weight.dtype) if n else torch.zeros(h, dtype=weight.dtype, device=x.device))
+        if need_db
+        else None
+    )
     return dx.view(shape), dw, db

@@ -8,8 +8,22 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(src_row, src_h, dst_row, dst_h, n_heads, d, dmask, c1, c2, s1, s2,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr):
+def _rotate_heads(
+    src_row,
+    src_h,
+    dst_row,
+    dst_h,
+    n_heads,
+    d,
+    dmask,
+    c1,
+    c2,
+    s1,
+    s2,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BACKWARD: tl.constexpr,
+):
     """Rotate every head of one (batch, position) row; the backward applies the transposed rotation."""
     h = tl.arange(0, BLOCK_H)
     m = (h[:, None] < n_heads) & dmask[None, :]
@@ -29,12 +43,29 @@ def _rotate_heads(src_row, src_h, dst_row, dst_h, n_heads, d, dmask, c1, c2, s1,
 
 @triton.jit
 def _rope_kernel(
-    Q, sqb, sqh, sqs,
-    K, skb, skh, sks,
-    QO, sob, soh, sos,
-    KO, stb, sth, sts,
-    COS, SIN, scb, scs,
-    seq_len, n_qh, n_kh,
+    Q,
+    sqb,
+    sqh,
+    sqs,
+    K,
+    skb,
+    skh,
+    sks,
+    QO,
+    sob,
+    soh,
+    sos,
+    KO,
+    stb,
+    sth,
+    sts,
+    COS,
+    SIN,
+    scb,
+    scs,
+    seq_len,
+    n_qh,
+    n_kh,
     HALF: tl.constexpr,
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
@@ -53,10 +84,38 @@ def _rope_kernel(
     s1 = tl.load(s_ptr + d, mask=dmask, other=0.0).to(tl.float32)
     s2 = tl.load(s_ptr + HALF + d, mask=dmask, other=0.0).to(tl.float32)
 
-    _rotate_heads(Q + b * sqb + s * sqs, sqh, QO + b * sob + s * sos, soh, n_qh, d, dmask,
-                  c1, c2, s1, s2, HALF, BLOCK_QH, BACKWARD)
-    _rotate_heads(K + b * skb + s * sks, skh, KO + b * stb + s * sts, sth, n_kh, d, dmask,
-                  c1, c2, s1, s2, HALF, BLOCK_KH, BACKWARD)
+    _rotate_heads(
+        Q + b * sqb + s * sqs,
+        sqh,
+        QO + b * sob + s * sos,
+        soh,
+        n_qh,
+        d,
+        dmask,
+        c1,
+        c2,
+        s1,
+        s2,
+        HALF,
+        BLOCK_QH,
+        BACKWARD,
+    )
+    _rotate_heads(
+        K + b * skb + s * sks,
+        skh,
+        KO + b * stb + s * sts,
+        sth,
+        n_kh,
+        d,
+        dmask,
+        c1,
+        c2,
+        s1,
+        s2,
+        HALF,
+        BLOCK_KH,
+        BACKWARD,
+    )
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -82,13 +141,34 @@ def rope_apply(q, k, cos, sin, backward: bool = False):
     block_kh = triton.next_power_of_2(max(n_kh, 1))
     tile = (block_qh + block_kh) * block_d
     _rope_kernel[(bsz * seq,)](
-        q, q.stride(0), q.stride(1), q.stride(2),
-        k, k.stride(0), k.stride(1), k.stride(2),
-        out_q, out_q.stride(0), out_q.stride(1), out_q.stride(2),
-        out_k, out_k.stride(0), out_k.stride(1), out_k.stride(2),
-        cos, sin, scb, cos.stride(1),
-        seq, n_qh, n_kh,
-        HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_D=block_d, BACKWARD=backward,
+        q,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k,
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        out_q,
+        out_q.stride(0),
+        out_q.stride(1),
+        out_q.stride(2),
+        out_k,
+        out_k.stride(0),
+        out_k.stride(1),
+        out_k.stride(2),
+        cos,
+        sin,
+        scb,
+        cos.stride(1),
+        seq,
+        n_qh,
+        n_kh,
+        HALF=half,
+        BLOCK_QH=block_qh,
+        BLOCK_KH=block_kh,
+        BLOCK_D=block_d,
+        BACKWARD=backward,
         num_warps=8 if tile >= 4096 else 4,
     )
     return out_q, out_k

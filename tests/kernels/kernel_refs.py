@@ -38,7 +38,14 @@ def flce_reference(
 
 
 def ce_reference(
-    logits, target, *, ignore_index=-100, label_smoothing=0.0, lse_square_scale=0.0, reduction="mean", class_weights=None
+    logits,
+    target,
+    *,
+    ignore_index=-100,
+    label_smoothing=0.0,
+    lse_square_scale=0.0,
+    reduction="mean",
+    class_weights=None,
 ):
     logits = logits.float()
     valid = target != ignore_index

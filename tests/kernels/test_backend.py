@@ -39,5 +39,71 @@ def test_forced_triton_refuses_float64_with_reason(monkeypatch):
 
 
 def test_every_public_op_is_registered():
-    for name in ("fused_linear_cross_entropy", "fused_linear_jsd", "cross_entropy", "rms_norm", "layer_norm", "rope", "swiglu", "geglu"):
+    for name in (
+        "fused_linear_cross_entropy",
+        "fused_linear_jsd",
+        "cross_entropy",
+        "rms_norm",
+        "layer_norm",
+        "rope",
+        "swiglu",
+        "geglu",
+    ):
         assert name in K.OPS and callable(getattr(K, name))
+
+
+def test_decide_returns_backend_and_reasons(monkeypatch):
+    monkeypatch.delenv(K.ENV_VAR, raising=False)
+    x = torch.randn(2, 8)
+    assert K.OPS["swiglu"].decide(x, x) == ("torch", ["tensor on cpu and backend is auto"])
+    backend, reasons = K.OPS["swiglu"].decide(x.double(), x.double())
+    assert backend == "torch" and "dtype float64 not supported" in reasons
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    assert K.OPS["swiglu"].decide(x, x) == ("torch", ["LIGER_REGISTRY_BACKEND=torch"])
+
+
+def test_decide_backend_without_tensors(monkeypatch):
+    monkeypatch.delenv(K.ENV_VAR, raising=False)
+    names = (
+        "rms_norm",
+        "layer_norm",
+        "rope",
+        "swiglu",
+        "geglu",
+        "cross_entropy",
+        "fused_linear_cross_entropy",
+        "fused_linear_jsd",
+    )
+    for name in names:
+        assert K.decide_backend(name, "cuda", torch.bfloat16) == ("triton", [])
+        assert K.decide_backend(name, "cpu", torch.float32) == (
+            "torch",
+            ["tensor on cpu and backend is auto"],
+        )
+    backend, reasons = K.decide_backend("rms_norm", torch.device("cuda", 0), torch.float64)
+    assert backend == "torch" and reasons == ["dtype float64 not supported"]
+    monkeypatch.setenv(K.ENV_VAR, "triton")
+    with pytest.raises(K.BackendError, match="rms_norm cannot run on Triton: dtype float64 not supported"):
+        K.decide_backend("rms_norm", "cuda", torch.float64)
+    with pytest.raises(KeyError, match="unknown op"):
+        K.decide_backend("rmsnorm", "cuda", torch.float32)
+
+
+def test_decide_agrees_with_the_reasons(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "auto")
+    for args in [(torch.randn(2, 8), torch.ones(8), 1e-6), (torch.randn(2, 70000), torch.ones(70000), 1e-6)]:
+        backend, reasons = K.OPS["rms_norm"].decide(*args)
+        assert reasons == K.why_not_triton("rms_norm", *args)
+        assert (backend == "triton") == (not reasons)
+
+
+def test_forced_triton_flce_refuses_float64_with_every_reason(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "triton")
+    h = torch.randn(3, 4, dtype=torch.float64)
+    w = torch.randn(5, 4, dtype=torch.float64)
+    with pytest.raises(
+        K.BackendError, match="fused_linear_cross_entropy cannot run on Triton: dtype float64"
+    ):
+        K.fused_linear_cross_entropy(h, w, torch.zeros(3, dtype=torch.long))
+    with pytest.raises(K.BackendError, match="fused_linear_jsd cannot run on Triton: dtype float64"):
+        K.fused_linear_jsd(h, w, h, w)

@@ -44,14 +44,14 @@ def test_custom_ops_direct_with_torch_backend(monkeypatch):
     x, w, q, cos, sin, *_ = _inputs()
 
     def f(x, w, q):
-        y, _ = torch.ops.liger_registry.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
-        qo, _ = torch.ops.liger_registry.rope(q, q, cos, sin, False)
-        return torch.ops.liger_registry.glu_fwd(y, x, 0).sum() + qo.sum()
+        y, _ = torch.ops.liger_registry.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", "torch")
+        qo, _ = torch.ops.liger_registry.rope(q, q, cos, sin, False, "torch")
+        return torch.ops.liger_registry.glu_fwd(y, x, 0, "torch").sum() + qo.sum()
 
     torch._dynamo.reset()
     ex = torch._dynamo.explain(f)(x, w, q)
     assert ex.graph_break_count == 0, ex.break_reasons
-    ref = (K.swiglu(K.rms_norm(x, w, 1e-6), x).sum() + K.rope(q, q, cos, sin)[0].sum())
+    ref = K.swiglu(K.rms_norm(x, w, 1e-6), x).sum() + K.rope(q, q, cos, sin)[0].sum()
     got = f(x, w, q)
     torch.testing.assert_close(got, ref)
     g1 = torch.autograd.grad(got, [x, w, q])
@@ -63,10 +63,12 @@ def test_custom_ops_direct_with_torch_backend(monkeypatch):
 def test_opcheck_custom_ops(monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, "torch")
     x, w, q, cos, sin, *_ = _inputs()
-    torch.library.opcheck(torch.ops.liger_registry.rms_norm_fwd.default, (x, w, 1e-6, 0.0, "gemma"))
-    torch.library.opcheck(torch.ops.liger_registry.glu_fwd.default, (x, x.detach().clone(), 1))
-    torch.library.opcheck(torch.ops.liger_registry.rope.default, (q, q.detach().clone(), cos, sin, False))
-    torch.library.opcheck(torch.ops.liger_registry.layer_norm_fwd.default, (x, w, None, 1e-5))
+    torch.library.opcheck(torch.ops.liger_registry.rms_norm_fwd.default, (x, w, 1e-6, 0.0, "gemma", "torch"))
+    torch.library.opcheck(torch.ops.liger_registry.glu_fwd.default, (x, x.detach().clone(), 1, "torch"))
+    torch.library.opcheck(
+        torch.ops.liger_registry.rope.default, (q, q.detach().clone(), cos, sin, False, "torch")
+    )
+    torch.library.opcheck(torch.ops.liger_registry.layer_norm_fwd.default, (x, w, None, 1e-5, "torch"))
 
 
 def test_compiled_flce_runs_and_matches(monkeypatch):

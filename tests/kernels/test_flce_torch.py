@@ -5,7 +5,7 @@ import torch
 from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels.flce import flce_chunk_geometry
+from liger_registry.kernels import flce_chunk_geometry
 
 
 def _inputs(n=37, h=16, v=50, dtype=torch.float32, bias=False, seed=0, ignore_frac=0.2):
@@ -36,9 +36,13 @@ def test_geometry_anchors():
 def test_geometry_rejects_bad_constant(bad):
     with pytest.raises(ValueError, match="chunk_mem_const"):
         flce_chunk_geometry(8192, 4096, 128256, bad)
+    if bad is None:  # None means "not set" in the options (C=1 unless max_chunk_mib is set)
+        return
     h, w, t, _ = _inputs()
     with pytest.raises(ValueError, match="chunk_mem_const"):
         K.fused_linear_cross_entropy(h, w, t, chunk_mem_const=bad)
+    with pytest.raises(ValueError, match="chunk_mem_const"):
+        K.FlceOptions(chunk_mem_const=bad)
 
 
 OPTIONS = [
@@ -107,7 +111,13 @@ def test_all_ignored_gives_zero_loss_and_grads(reduction):
     hidden, weight, target, b = _inputs(bias=True)
     target = torch.full_like(target, -100)
     out = K.fused_linear_cross_entropy(
-        hidden, weight, target, b, reduction=reduction, lse_square_scale=1e-2, return_z_loss=True,
+        hidden,
+        weight,
+        target,
+        b,
+        reduction=reduction,
+        lse_square_scale=1e-2,
+        return_z_loss=True,
         return_token_accuracy=True,
     )
     assert torch.isfinite(out.loss).all() and (out.loss == 0).all()

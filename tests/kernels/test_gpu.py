@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from liger_registry import kernels as K
-from liger_registry.kernels import reference
+from liger_registry.kernels import torch_impl
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -53,8 +53,16 @@ def _check(case, name, out, ref, dtype, tol=None):
     den = ref64.norm().item()
     err = (out64 - ref64).norm().item() / (den if den > 0 else 1.0)
     bound = tol if tol is not None else TOL[dtype]
-    ROWS.append({"case": case, "tensor": name, "dtype": str(dtype).replace("torch.", ""), "err": err, "tol": bound,
-                 "ok": err <= bound})
+    ROWS.append(
+        {
+            "case": case,
+            "tensor": name,
+            "dtype": str(dtype).replace("torch.", ""),
+            "err": err,
+            "tol": bound,
+            "ok": err <= bound,
+        }
+    )
     print(f"[gpu-check] {case} {name} {ROWS[-1]['dtype']} rel_err={err:.2e} bound={bound:.0e}", flush=True)
     path = os.environ.get("GPU_TEST_REPORT")
     if path:  # written as we go, so a run cut short still leaves its rows
@@ -109,17 +117,34 @@ def test_flce(dtype, opts):
     ins = [_leaf(hidden, dtype), _leaf(weight, dtype), None if bias is None else _leaf(bias, dtype)]
     out = K.fused_linear_cross_entropy(ins[0], ins[1], target, ins[2], **opts)
     ref_in = [_leaf(t.to(dtype), torch.float64) if t is not None else None for t in (hidden, weight, bias)]
-    ref_opts = {k: (val.double() if isinstance(val, torch.Tensor) else val) for k, val in opts.items() if k != "chunk_mem_const"}
+    ref_opts = {
+        k: (val.double() if isinstance(val, torch.Tensor) else val)
+        for k, val in opts.items()
+        if k != "chunk_mem_const"
+    }
     ref = _flce_ref64(ref_in[0], ref_in[1], target, ref_in[2], **ref_opts)
     case = "flce " + ("-".join(f"{k}" for k in opts) or "plain")
     _check(case, "loss", out, ref, dtype)
     names = ["d_hidden", "d_weight", "d_bias"]
-    for name, a, e in zip(names, _grads(out, ins, go.to(out.dtype)), _grads(ref, ref_in, go.double()), strict=False):
+    for name, a, e in zip(
+        names, _grads(out, ins, go.to(out.dtype)), _grads(ref, ref_in, go.double()), strict=False
+    ):
         _check(case, name, a, e, dtype)
 
 
-def _flce_ref64(hidden, weight, target, bias=None, *, label_smoothing=0.0, softcap=None, logit_scale=1.0,
-                lse_square_scale=0.0, reduction="mean", class_weights=None):
+def _flce_ref64(
+    hidden,
+    weight,
+    target,
+    bias=None,
+    *,
+    label_smoothing=0.0,
+    softcap=None,
+    logit_scale=1.0,
+    lse_square_scale=0.0,
+    reduction="mean",
+    class_weights=None,
+):
     z = hidden @ weight.t()
     if bias is not None:
         z = z + bias
@@ -127,7 +152,9 @@ def _flce_ref64(hidden, weight, target, bias=None, *, label_smoothing=0.0, softc
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
     valid = target != -100
-    ce = F.cross_entropy(z, target, weight=class_weights, label_smoothing=label_smoothing, reduction=reduction)
+    ce = F.cross_entropy(
+        z, target, weight=class_weights, label_smoothing=label_smoothing, reduction=reduction
+    )
     lse = torch.logsumexp(z, -1)
     zl = torch.where(valid, lse_square_scale * lse * lse, torch.zeros_like(lse))
     if reduction == "none":
@@ -149,7 +176,9 @@ def test_flce_edges(dtype):
     w64, h64 = _leaf(weight, torch.float64), _leaf(h1, torch.float64)
     ref = F.cross_entropy(h64 @ w64.t(), t1)
     _check("flce bt=1", "loss", out, ref, dtype)
-    for name, a, e in zip(["d_hidden", "d_weight"], _grads(out, [h1, weight], None), _grads(ref, [h64, w64], None), strict=True):
+    for name, a, e in zip(
+        ["d_hidden", "d_weight"], _grads(out, [h1, weight], None), _grads(ref, [h64, w64], None), strict=True
+    ):
         _check("flce bt=1", name, a, e, dtype)
     # all ignored: exact zeros
     hz = _leaf(torch.randn(300, h, device="cuda", generator=g), dtype)
@@ -164,7 +193,13 @@ def test_flce_edges(dtype):
     hn64 = _leaf(hn, torch.float64)
     ref = F.cross_entropy(hn64 @ w64.t(), t)
     _check("flce non-contiguous", "loss", out.loss, ref, dtype)
-    _check("flce non-contiguous", "d_hidden", _grads(out.loss, [hn], None)[0], _grads(ref, [hn64], None)[0], dtype)
+    _check(
+        "flce non-contiguous",
+        "d_hidden",
+        _grads(out.loss, [hn], None)[0],
+        _grads(ref, [hn64], None)[0],
+        dtype,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -196,7 +231,9 @@ def test_rms_norm(dtype, mode, offset):
     case = f"rms_norm {mode}"
     _check(case, "y", y, ref, dtype)
     dy = torch.randn_like(x0)
-    for name, a, e in zip(["dx", "dw"], _grads(y, [x, w], dy.to(y.dtype)), _grads(ref, [x64, w64], dy.double()), strict=True):
+    for name, a, e in zip(
+        ["dx", "dw"], _grads(y, [x, w], dy.to(y.dtype)), _grads(ref, [x64, w64], dy.double()), strict=True
+    ):
         _check(case, name, a, e, dtype)
 
 
@@ -211,7 +248,12 @@ def test_layer_norm(dtype):
     ref = F.layer_norm(x64, (3000,), w64, b64, 1e-5)
     _check("layer_norm", "y", y, ref, dtype)
     dy = torch.randn_like(x0)
-    for name, a, e in zip(["dx", "dw", "db"], _grads(y, [x, w, b], dy.to(dtype)), _grads(ref, [x64, w64, b64], dy.double()), strict=True):
+    for name, a, e in zip(
+        ["dx", "dw", "db"],
+        _grads(y, [x, w, b], dy.to(dtype)),
+        _grads(ref, [x64, w64, b64], dy.double()),
+        strict=True,
+    ):
         _check("layer_norm", name, a, e, dtype)
 
 
@@ -228,7 +270,7 @@ def test_rope(dtype):
     cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
     qo, ko = K.rope(q, k, cos, sin)
     q64, k64 = _leaf(q, torch.float64), _leaf(k, torch.float64)
-    qr, kr = reference.rope_torch(q64, k64, cos.double(), sin.double())
+    qr, kr = torch_impl.rope_torch(q64, k64, cos.double(), sin.double())
     _check("rope", "q", qo, qr, dtype)
     _check("rope", "k", ko, kr, dtype)
     gq, gk = torch.randn_like(qr), torch.randn_like(kr)
@@ -247,10 +289,12 @@ def test_glu(dtype, name):
     a, b = _leaf(a0, dtype), _leaf(b0, dtype)
     y = getattr(K, name)(a, b)
     a64, b64 = _leaf(a0.to(dtype), torch.float64), _leaf(b0.to(dtype), torch.float64)
-    ref = getattr(reference, f"{name}_torch")(a64, b64)
+    ref = getattr(torch_impl, f"{name}_torch")(a64, b64)
     _check(name, "y", y, ref, dtype)
     dy = torch.randn_like(a0)
-    for n_, x_, e_ in zip(["da", "db"], _grads(y, [a, b], dy.to(dtype)), _grads(ref, [a64, b64], dy.double()), strict=True):
+    for n_, x_, e_ in zip(
+        ["da", "db"], _grads(y, [a, b], dy.to(dtype)), _grads(ref, [a64, b64], dy.double()), strict=True
+    ):
         _check(name, n_, x_, e_, dtype)
 
 
@@ -262,16 +306,23 @@ def test_fused_linear_jsd(dtype, beta):
     g = torch.Generator(device="cuda").manual_seed(7)
     n, h, v = 1027, 512, 32007
     sh0, th0 = torch.randn(n, h, device="cuda", generator=g), torch.randn(n, h, device="cuda", generator=g)
-    sw0, tw0 = torch.randn(v, h, device="cuda", generator=g) * 0.05, torch.randn(v, h, device="cuda", generator=g) * 0.05
+    sw0, tw0 = (
+        torch.randn(v, h, device="cuda", generator=g) * 0.05,
+        torch.randn(v, h, device="cuda", generator=g) * 0.05,
+    )
     t = torch.randint(0, v, (n,), device="cuda", generator=g)
     t[::4] = -100
     sh, sw = _leaf(sh0, dtype), _leaf(sw0, dtype)
     out = K.fused_linear_jsd(sh, sw, th0.to(dtype), tw0.to(dtype), t, jsd_beta=beta, temperature=2.0)
     sh64, sw64 = _leaf(sh0.to(dtype), torch.float64), _leaf(sw0.to(dtype), torch.float64)
-    rows = jsd_rows_differentiable(sh64 @ sw64.t(), th0.to(dtype).double() @ tw0.to(dtype).double().t(), beta, 2.0)
+    rows = jsd_rows_differentiable(
+        sh64 @ sw64.t(), th0.to(dtype).double() @ tw0.to(dtype).double().t(), beta, 2.0
+    )
     valid = t != -100
     ref = rows[valid].sum() / valid.sum()
     case = f"fused_linear_jsd beta={beta}"
     _check(case, "loss", out, ref, dtype)
-    for name, a, e in zip(["d_hidden", "d_weight"], _grads(out, [sh, sw], None), _grads(ref, [sh64, sw64], None), strict=True):
+    for name, a, e in zip(
+        ["d_hidden", "d_weight"], _grads(out, [sh, sw], None), _grads(ref, [sh64, sw64], None), strict=True
+    ):
         _check(case, name, a, e, dtype)

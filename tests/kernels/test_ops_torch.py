@@ -52,7 +52,10 @@ def test_rope_is_hf_apply_rotary_pos_emb():
     pos = torch.arange(s, dtype=torch.float32)
     inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     ang = torch.cat([pos[:, None] * inv[None], pos[:, None] * inv[None]], -1)
-    for cos, sin in ((ang.cos()[None], ang.sin()[None]), (ang.cos()[None].expand(b, -1, -1), ang.sin()[None].expand(b, -1, -1))):
+    for cos, sin in (
+        (ang.cos()[None], ang.sin()[None]),
+        (ang.cos()[None].expand(b, -1, -1), ang.sin()[None].expand(b, -1, -1)),
+    ):
         qo, ko = K.rope(q, k, cos, sin)
         qr, kr = apply_rotary_pos_emb(q, k, cos, sin)
         assert torch.equal(qo, qr) and torch.equal(ko, kr)
@@ -60,7 +63,10 @@ def test_rope_is_hf_apply_rotary_pos_emb():
         K.rope(q[0], k, ang.cos()[None], ang.sin()[None])
 
 
-@pytest.mark.parametrize("name,fn", [("swiglu", lambda a, b: F.silu(a) * b), ("geglu", lambda a, b: F.gelu(a, approximate="tanh") * b)])
+@pytest.mark.parametrize(
+    "name,fn",
+    [("swiglu", lambda a, b: F.silu(a) * b), ("geglu", lambda a, b: F.gelu(a, approximate="tanh") * b)],
+)
 def test_glu(name, fn):
     a = torch.randn(5, 33, generator=_g(), dtype=torch.float64, requires_grad=True)
     b = torch.randn(5, 33, generator=_g(1), dtype=torch.float64, requires_grad=True)

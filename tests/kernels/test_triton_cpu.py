@@ -6,11 +6,12 @@ import torch.nn.functional as F
 from kernel_refs import ce_reference, flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import ce_torch, reference, triton_utils
+from liger_registry.kernels import ce_torch, torch_impl, triton_utils
 from liger_registry.kernels.triton_ce import ce_rows_triton
 
 pytestmark = pytest.mark.skipif(
-    not triton_utils.INTERPRET_AT_IMPORT, reason="CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import"
+    not triton_utils.INTERPRET_AT_IMPORT,
+    reason="CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import",
 )
 
 
@@ -47,9 +48,18 @@ def test_ce_rows_kernel_matches_torch(opts, dtype):
     x = (torch.randn(9, 50, generator=_g()) * 3).to(dtype)
     t = torch.randint(0, 50, (9,), generator=_g(1))
     t[[2, 5]] = -100
-    o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=0.0,
-             class_weights=None, ce_grad_scale=0.3, z_grad_scale=0.7, row_grad=torch.randn(9, generator=_g(2)),
-             compute_grad=True)
+    o = dict(
+        ignore_index=-100,
+        label_smoothing=0.0,
+        softcap=None,
+        logit_scale=1.0,
+        lse_square_scale=0.0,
+        class_weights=None,
+        ce_grad_scale=0.3,
+        z_grad_scale=0.7,
+        row_grad=torch.randn(9, generator=_g(2)),
+        compute_grad=True,
+    )
     o.update(opts)
     if o["class_weights"] is True:
         o["class_weights"] = torch.rand(50, generator=_g(3)) + 0.5
@@ -66,7 +76,11 @@ def test_ce_rows_kernel_matches_torch(opts, dtype):
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize(
     "opts",
-    [{}, {"label_smoothing": 0.1, "class_weights": True}, {"softcap": 2.0, "logit_scale": 0.5, "lse_square_scale": 1e-3}],
+    [
+        {},
+        {"label_smoothing": 0.1, "class_weights": True},
+        {"softcap": 2.0, "logit_scale": 0.5, "lse_square_scale": 1e-3},
+    ],
     ids=lambda o: "-".join(o) or "plain",
 )
 def test_flce_triton_matches_reference(opts, reduction):
@@ -95,7 +109,9 @@ def test_flce_triton_edge_cases():
     # BT = 1
     h1 = torch.randn(1, h, generator=_g()).requires_grad_()
     t1 = torch.tensor([7])
-    out = K.fused_linear_cross_entropy(h1, weight, t1, return_token_accuracy=True, return_predicted_tokens=True)
+    out = K.fused_linear_cross_entropy(
+        h1, weight, t1, return_token_accuracy=True, return_predicted_tokens=True
+    )
     ref, _ = flce_reference(h1, weight, t1)
     _close(out.loss, ref, 1e-5)
     assert torch.equal(out.predicted_tokens, (h1 @ weight.t()).argmax(-1))
@@ -155,7 +171,7 @@ def test_rms_norm_triton(mode, offset, dtype):
     x.requires_grad_()
     w.requires_grad_()
     y = K.rms_norm(x, w, 1e-6, offset, mode)
-    ref = reference.rms_norm_torch(x, w, 1e-6, offset, mode)
+    ref = torch_impl.rms_norm_torch(x, w, 1e-6, offset, mode)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     if dtype == torch.float32 and mode != "none":
         assert torch.allclose(y, ref, rtol=1e-6, atol=1e-6)
@@ -173,7 +189,7 @@ def test_rms_norm_in_place_backward():
     y = K.rms_norm(x, w, 1e-6, in_place_backward=True)
     dy = torch.randn(6, 24, generator=_g(2))
     y.backward(dy.clone())
-    ref = reference.rms_norm_torch(x, w, 1e-6)
+    ref = torch_impl.rms_norm_torch(x, w, 1e-6)
     ex, ew = torch.autograd.grad(ref, [x, w], dy)
     _close(x.grad, ex, 1e-5)
     _close(w.grad, ew, 1e-5)
@@ -204,7 +220,7 @@ def test_rope_triton(batch_cos, dtype):
     ang = torch.cat([ang, ang], -1)
     cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
     qo, ko = K.rope(q, k, cos, sin)
-    qr, kr = reference.rope_torch(q, k, cos, sin)
+    qr, kr = torch_impl.rope_torch(q, k, cos, sin)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     _close(qo, qr, tol)
     _close(ko, kr, tol)
@@ -220,7 +236,7 @@ def test_rope_triton(batch_cos, dtype):
 def test_glu_triton(name, dtype):
     a = (torch.randn(3, 1500, generator=_g()) * 3).to(dtype).requires_grad_()  # 4500 = not a multiple of 1024
     b = torch.randn(3, 1500, generator=_g(1)).to(dtype).requires_grad_()
-    torch_fn = getattr(reference, f"{name}_torch")
+    torch_fn = getattr(torch_impl, f"{name}_torch")
     y, ref = getattr(K, name)(a, b), torch_fn(a, b)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     _close(y, ref, tol)
@@ -256,7 +272,7 @@ def test_rope_one_output_unused():
     ang = torch.randn(1, 4, 8, generator=_g(2))
     qo, _ = K.rope(q, k, ang.cos(), ang.sin())
     qo.sum().backward()
-    qr, _ = reference.rope_torch(q, k, ang.cos(), ang.sin())
+    qr, _ = torch_impl.rope_torch(q, k, ang.cos(), ang.sin())
     (eq,) = torch.autograd.grad(qr.sum(), q)
     _close(q.grad, eq, 1e-5)
     assert k.grad is None or not k.grad.any()

@@ -1,4 +1,4 @@
-"""PyTorch implementations of the elementwise/normalisation ops (the CPU path and the test reference)."""
+"""PyTorch implementations of the elementwise/normalisation ops: the production CPU path (and the test reference)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,9 @@ def rms_norm_torch(
     return x * torch.rsqrt(variance + eps) * (offset + weight.to(input_dtype))
 
 
-def layer_norm_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+def layer_norm_torch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+) -> torch.Tensor:
     """LayerNorm over the last dimension (``torch.nn.functional.layer_norm``)."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
@@ -58,9 +60,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def check_rope_shapes(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     if q.dim() != 4 or k.dim() != 4:
-        raise ValueError(f"rope: q and k must be [batch, heads, seq, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}")
+        raise ValueError(
+            f"rope: q and k must be [batch, heads, seq, head_dim]; got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
     if cos.shape != sin.shape or cos.dim() != 3:
-        raise ValueError(f"rope: cos and sin must be [batch or 1, seq, head_dim]; got {tuple(cos.shape)}, {tuple(sin.shape)}")
+        raise ValueError(
+            f"rope: cos and sin must be [batch or 1, seq, head_dim]; got {tuple(cos.shape)}, {tuple(sin.shape)}"
+        )
     b, _, s, d = q.shape
     if k.shape[0] != b or k.shape[2] != s or k.shape[3] != d:
         raise ValueError(f"rope: q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch, seq or head_dim")

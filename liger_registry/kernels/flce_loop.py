@@ -1,0 +1,56 @@
+"""The FLCE computation of one call: loss scales, the planned strategy's chunk loop, the reduction of its rows.
+
+Both the autograd function (eager) and the ``liger_registry::flce_forward`` custom op (torch.compile) run it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import ce_torch
+from .flce_run import FlceRun
+from .flce_tokens import token_loop
+
+STRATEGY_LOOPS = {"tokens": token_loop}
+
+
+def flce_compute(
+    hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need: tuple[bool, bool, bool]
+):
+    """Returns ``(loss, z_loss, n_correct, argmax, dh, dw, db)``.
+
+    ``loss``/``z_loss`` are reduced (or per token for ``none``); the gradients are those of ``loss`` (times
+    ``row_grad`` per token when given), ``None`` where ``need`` (dh, dw, db) says so; ``argmax`` is [N] or empty.
+    """
+    opts = run.options
+    device = hidden.device
+    _, n_valid, denom = ce_torch.denominators(target, opts.ignore_index, class_weights)
+    if opts.reduction == "mean":
+        ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
+        z_scale = 1.0 / n_valid.clamp(min=1.0)
+    else:
+        ce_scale = z_scale = 1.0
+    loop = STRATEGY_LOOPS[run.strategy]
+    ce, z, argmax, dh, dw, db = loop(
+        hidden, weight, target, bias, class_weights, row_grad, run, need, ce_scale, z_scale
+    )
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    if opts.reduction == "none":
+        z_loss = z if z is not None else torch.zeros_like(ce)
+        loss = ce + z if z is not None else ce
+    elif opts.reduction == "sum":
+        z_loss = z if z is not None else zero
+        loss = ce + z_loss
+    else:
+        z_loss = z * z_scale if z is not None else zero
+        loss = ce * ce_scale + z_loss
+    if argmax is not None:
+        n_correct = ((argmax == target) & (target != opts.ignore_index)).sum()
+    else:
+        n_correct = torch.zeros((), dtype=torch.long, device=device)
+        argmax = torch.empty(0, dtype=torch.long, device=device)
+    if dw is not None and dw.dtype != weight.dtype:
+        dw = dw.to(weight.dtype)
+    if db is not None:
+        db = db.to(bias.dtype)
+    return loss, z_loss, n_correct, argmax, dh, dw, db
