@@ -12,7 +12,7 @@ from .custom_ops_loss import cross_entropy_triton
 from .flce import FLCEOutput, FusedLinearCrossEntropyFunction
 from .flce import fused_linear_cross_entropy as fused_linear_cross_entropy
 from .flce_options import FlceOptions
-from .flce_plan import FlcePlan, flce_chunk_geometry, flce_plan
+from .flce_planner import FlcePlan, flce_chunk_geometry, flce_plan
 from .jsd import FusedLinearJSDFunction
 from .jsd import fused_linear_jsd as fused_linear_jsd
 from .op import (

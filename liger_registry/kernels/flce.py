@@ -9,7 +9,7 @@ import torch
 
 from .custom_ops_loss import flce_run_forward, flce_scale_grads
 from .flce_options import FlceOptions, options_from
-from .flce_plan import FlcePlan, plan_for
+from .flce_planner import FlcePlan, plan_for
 from .flce_run import FlceRun
 from .op import Op, register
 

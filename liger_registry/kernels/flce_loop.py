@@ -10,8 +10,9 @@ import torch
 from . import ce_torch
 from .flce_run import FlceRun
 from .flce_tokens import token_loop
+from .flce_vocab import vocab_loop
 
-STRATEGY_LOOPS = {"tokens": token_loop}
+STRATEGY_LOOPS = {"tokens": token_loop, "vocab": vocab_loop}
 
 
 def flce_compute(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .flce_plan import flce_chunk_geometry
+from .flce_planner import flce_chunk_geometry
 from .triton_jsd import jsd_rows_triton
 
 

@@ -40,3 +40,40 @@ def test_plan_str_and_fp32_itemsize():
     plan = K.flce_plan(8192, *LLAMA, strategy="tokens", dtype=torch.float32)
     assert plan.buffer_mib == pytest.approx(256 * LLAMA[1] * 4 / 2**20)
     assert str(plan).startswith("tokens: 32 x [256, 128256] logits chunks")
+
+
+def test_planner_picks_vocab_at_2k_and_tokens_at_16k_tokens():
+    small = K.flce_plan(2048, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200")
+    large = K.flce_plan(16384, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200")
+    assert small.strategy == "vocab" and "predicted vocab" in small.why
+    assert large.strategy == "tokens" and "predicted tokens" in large.why
+    assert small.chunk_tokens == 2048 and small.chunk_vocab % 128 == 0
+    assert small.num_chunks == -(-LLAMA[1] // small.chunk_vocab)
+    # the same on the default figures (a CPU-only machine plans for a generic GPU)
+    assert K.flce_plan(2048, *LLAMA, gpu=None).strategy == "vocab"
+
+
+@pytest.mark.parametrize("bt", [1, 7, 300, 2048, 4096, 8192, 16384, 65536])
+@pytest.mark.parametrize("budget", [{}, {"chunk_mem_const": 8}, {"max_chunk_mib": 512}, {"max_chunk_mib": 3}])
+@pytest.mark.parametrize("strategy", ["auto", "tokens", "vocab"])
+@pytest.mark.parametrize("shape", [LLAMA, (2880, 201088), (64, 50)])
+def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape):
+    try:
+        plan = K.flce_plan(bt, *shape, strategy=strategy, **budget)
+    except ValueError as e:
+        assert "smaller than one row" in str(e)
+        return
+    assert plan.buffer_mib <= plan.budget_mib + 1e-9
+    assert plan.chunk_tokens * plan.chunk_vocab * 2 / 2**20 == pytest.approx(plan.buffer_mib)
+    if plan.strategy == "tokens":
+        assert plan.chunk_vocab == shape[1] and plan.num_chunks == -(-bt // plan.chunk_tokens)
+    else:
+        assert plan.chunk_tokens == bt and plan.num_chunks == -(-shape[1] // plan.chunk_vocab)
+        assert plan.chunk_vocab == shape[1] or plan.chunk_vocab % 128 == 0
+    if strategy != "auto" and plan.strategy != strategy:
+        assert "infeasible" in plan.why
+
+
+def test_vocab_infeasible_falls_back_to_tokens_and_says_why():
+    plan = K.flce_plan(65536, *LLAMA, max_chunk_mib=3, strategy="vocab")
+    assert plan.strategy == "tokens" and "vocab infeasible" in plan.why and "65536 rows" in plan.why

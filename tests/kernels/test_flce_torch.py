@@ -5,7 +5,14 @@ import torch
 from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import flce_chunk_geometry
+from liger_registry.kernels import flce_chunk_geometry, flce_planner
+
+STRATEGIES = ["tokens", "vocab"]
+
+
+@pytest.fixture(autouse=True)
+def _small_vocab_chunks(monkeypatch):
+    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)  # V=50 splits into several vocabulary chunks
 
 
 def _inputs(n=37, h=16, v=50, dtype=torch.float32, bias=False, seed=0, ignore_frac=0.2):
@@ -58,17 +65,20 @@ OPTIONS = [
 ]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: "-".join(o) or "plain")
 @pytest.mark.parametrize("bias", [False, True])
-def test_flce_matches_reference(opts, reduction, bias):
+def test_flce_matches_reference(opts, reduction, bias, strategy):
     hidden, weight, target, b = _inputs(bias=bias)
+    opts = dict(opts, strategy=strategy)
     opts = dict(opts)
     if opts.get("class_weights") == "w":
         opts["class_weights"] = torch.rand(weight.shape[0], generator=torch.Generator().manual_seed(1)) + 0.5
     if "ignore_index" in opts:
         target = torch.where(target == -100, torch.full_like(target, opts["ignore_index"]), target)
     loss = K.fused_linear_cross_entropy(hidden, weight, target, b, reduction=reduction, **opts)
+    del opts["strategy"]
     ref, _ = flce_reference(hidden, weight, target, b, reduction=reduction, **opts)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     go = torch.randn_like(ref) if reduction == "none" else torch.tensor(1.7)
@@ -78,10 +88,11 @@ def test_flce_matches_reference(opts, reduction, bias):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("c", [1, 2, 4, 100])
-def test_chunk_constant_does_not_change_result(c):
+def test_chunk_constant_does_not_change_result(c, strategy):
     hidden, weight, target, _ = _inputs(n=70)
-    loss = K.fused_linear_cross_entropy(hidden, weight, target, chunk_mem_const=c)
+    loss = K.fused_linear_cross_entropy(hidden, weight, target, chunk_mem_const=c, strategy=strategy)
     ref, _ = flce_reference(hidden, weight, target)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     gh, gw = _grads(loss, [hidden, weight])
@@ -100,10 +111,15 @@ def test_flce_never_materialises_full_logits(monkeypatch):
         return real(*shape, **kw)
 
     monkeypatch.setattr(torch, "empty", spy)
-    K.fused_linear_cross_entropy(hidden, weight, target).backward()
+    K.fused_linear_cross_entropy(hidden, weight, target, strategy="tokens").backward()
     chunk, _ = flce_chunk_geometry(64, 16, 50)
     assert chunk < 64
     assert (chunk, 50) in seen and (64, 50) not in seen
+    seen.clear()
+    K.fused_linear_cross_entropy(hidden, weight, target, strategy="vocab").backward()
+    plan = K.flce_plan(64, 16, 50, strategy="vocab", dtype=torch.float32)
+    assert plan.strategy == "vocab" and plan.num_chunks > 1
+    assert (64 * plan.chunk_vocab,) in seen and (64, 50) not in seen and (64 * 50,) not in seen
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -127,14 +143,17 @@ def test_all_ignored_gives_zero_loss_and_grads(reduction):
         assert torch.isfinite(t.grad).all() and (t.grad == 0).all()
 
 
-def test_return_fields():
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_return_fields(strategy):
     hidden, weight, target, _ = _inputs()
-    out = K.fused_linear_cross_entropy(hidden, weight, target, lse_square_scale=1e-2, return_z_loss=True)
+    out = K.fused_linear_cross_entropy(
+        hidden, weight, target, lse_square_scale=1e-2, return_z_loss=True, strategy=strategy
+    )
     assert isinstance(out, K.FLCEOutput) and out.token_accuracy is None and out.predicted_tokens is None
     _, zref = flce_reference(hidden, weight, target, lse_square_scale=1e-2)
     torch.testing.assert_close(out.z_loss, zref)
     out = K.fused_linear_cross_entropy(
-        hidden, weight, target, return_token_accuracy=True, return_predicted_tokens=True
+        hidden, weight, target, return_token_accuracy=True, return_predicted_tokens=True, strategy=strategy
     )
     assert out.z_loss is None
     logits = hidden @ weight.t()
@@ -144,9 +163,10 @@ def test_return_fields():
     torch.testing.assert_close(out.token_accuracy, (pred == target)[valid].float().mean())
 
 
-def test_accum_dtype_and_low_precision_grads():
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_accum_dtype_and_low_precision_grads(strategy):
     hidden, weight, target, _ = _inputs(dtype=torch.bfloat16)
-    loss = K.fused_linear_cross_entropy(hidden, weight, target, accum_dtype=torch.float32)
+    loss = K.fused_linear_cross_entropy(hidden, weight, target, accum_dtype=torch.float32, strategy=strategy)
     gh, gw = _grads(loss, [hidden, weight])
     assert gh.dtype == torch.bfloat16 and gw.dtype == torch.bfloat16 and loss.dtype == torch.float32
     h32 = hidden.detach().float().requires_grad_()
@@ -168,3 +188,29 @@ def test_input_checks():
         K.fused_linear_cross_entropy(hidden, weight[:, :-1], target)
     with pytest.raises(ValueError, match="label_smoothing"):
         K.fused_linear_cross_entropy(hidden, weight, target, label_smoothing=2.0)
+
+
+def test_vocab_strategy_mixed_dtypes_and_non_contiguous_hidden():
+    big = torch.randn(37, 32, generator=torch.Generator().manual_seed(3))
+    hidden = big[:, ::2].detach().requires_grad_()
+    _, w, target, _ = _inputs()
+    weight = w.detach().double().float().requires_grad_()
+    for strategy in STRATEGIES:
+        loss = K.fused_linear_cross_entropy(hidden, weight, target, strategy=strategy, reduction="sum")
+        ref, _ = flce_reference(hidden, weight, target, reduction="sum")
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
+        for a, e in zip(_grads(loss, [hidden, weight]), _grads(ref, [hidden, weight]), strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_accumulation_fallback(dtype):
+    from liger_registry.kernels.flce_vocab import accumulate_fp32
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(9, 20, generator=g).to(dtype)
+    b = torch.randn(20, 7, generator=g).to(dtype)
+    acc = torch.full((9, 7), float("nan"))
+    accumulate_fp32(acc, a, b, first=True, out_dtype_ok=False)  # beta=0: the uninitialised buffer is ignored
+    accumulate_fp32(acc, a, b, first=False, out_dtype_ok=False)
+    torch.testing.assert_close(acc, 2 * (a.float() @ b.float()))

@@ -6,8 +6,13 @@ import torch.nn.functional as F
 from kernel_refs import ce_reference, flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import ce_torch, torch_impl, triton_utils
+from liger_registry.kernels import ce_torch, flce_planner, torch_impl, triton_utils
+from liger_registry.kernels import flce_vocab_rows as vr
+from liger_registry.kernels.flce_options import FlceOptions
 from liger_registry.kernels.triton_ce import ce_rows_triton
+from liger_registry.kernels.triton_flce_vocab import grad_inplace_triton, stats_update_triton
+
+STRATEGIES = ["tokens", "vocab"]
 
 pytestmark = pytest.mark.skipif(
     not triton_utils.INTERPRET_AT_IMPORT,
@@ -19,6 +24,7 @@ pytestmark = pytest.mark.skipif(
 def _triton(monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, "triton")
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)  # tiny shapes still cross column blocks
+    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)  # and several vocabulary chunks
 
 
 def _g(seed=0):
@@ -73,6 +79,7 @@ def test_ce_rows_kernel_matches_torch(opts, dtype):
     _close(b2, b1, tol)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize(
     "opts",
@@ -83,7 +90,7 @@ def test_ce_rows_kernel_matches_torch(opts, dtype):
     ],
     ids=lambda o: "-".join(o) or "plain",
 )
-def test_flce_triton_matches_reference(opts, reduction):
+def test_flce_triton_matches_reference(opts, reduction, strategy):
     n, h, v = 37, 16, 50
     hidden = torch.randn(n, h, generator=_g()).requires_grad_()
     weight = (torch.randn(v, h, generator=_g(1)) * 0.5).requires_grad_()
@@ -93,7 +100,9 @@ def test_flce_triton_matches_reference(opts, reduction):
     opts = dict(opts)
     if opts.get("class_weights"):
         opts["class_weights"] = torch.rand(v, generator=_g(4)) + 0.5
-    out = K.fused_linear_cross_entropy(hidden, weight, target, bias, reduction=reduction, **opts)
+    out = K.fused_linear_cross_entropy(
+        hidden, weight, target, bias, reduction=reduction, strategy=strategy, **opts
+    )
     ref, _ = flce_reference(hidden, weight, target, bias, reduction=reduction, **opts)
     _close(out, ref, 1e-5)
     go = torch.randn_like(ref) if reduction == "none" else torch.tensor(0.7)
@@ -101,9 +110,14 @@ def test_flce_triton_matches_reference(opts, reduction):
     exp = torch.autograd.grad(ref, [hidden, weight, bias], go)
     for a, e in zip(got, exp, strict=True):
         _close(a, e, 1e-5)
+    other = K.fused_linear_cross_entropy(
+        hidden, weight, target, bias, reduction=reduction, strategy=STRATEGIES[strategy == "tokens"], **opts
+    )
+    _close(out, other, 1e-5)
 
 
-def test_flce_triton_edge_cases():
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_flce_triton_edge_cases(strategy):
     v, h = 50, 16
     weight = (torch.randn(v, h, generator=_g(1)) * 0.5).requires_grad_()
     # BT = 1
@@ -120,18 +134,19 @@ def test_flce_triton_edge_cases():
     hn = big[:, ::2].detach().requires_grad_()
     assert not hn.is_contiguous()
     t = torch.randint(0, v, (20,), generator=_g(6))
-    out = K.fused_linear_cross_entropy(hn, weight, t)
+    out = K.fused_linear_cross_entropy(hn, weight, t, strategy=strategy)
     ref, _ = flce_reference(hn, weight, t)
     _close(out, ref, 1e-5)
     _close(torch.autograd.grad(out, hn)[0], torch.autograd.grad(ref, hn)[0], 1e-5)
     # all labels ignored
     hz = torch.randn(9, h, generator=_g(7)).requires_grad_()
-    out = K.fused_linear_cross_entropy(hz, weight, torch.full((9,), -100))
+    out = K.fused_linear_cross_entropy(hz, weight, torch.full((9,), -100), strategy=strategy)
     out.backward()
     assert out.item() == 0.0 and (hz.grad == 0).all() and (weight.grad == 0).all()
 
 
-def test_flce_triton_fp16_near_overflow():
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_flce_triton_fp16_near_overflow(strategy):
     # logits around +-3e4 in fp16 (max 65504): the kernel must upcast before exp and stay finite
     v, h, n = 50, 16, 12
     weight = torch.randn(v, h, generator=_g(1)).half()
@@ -141,7 +156,7 @@ def test_flce_triton_fp16_near_overflow():
     hidden.requires_grad_()
     weight.requires_grad_()
     t = torch.randint(0, v, (n,), generator=_g(3))
-    out = K.fused_linear_cross_entropy(hidden, weight, t, reduction="sum")
+    out = K.fused_linear_cross_entropy(hidden, weight, t, reduction="sum", strategy=strategy)
     ref = F.cross_entropy((hidden @ weight.t()).float(), t, reduction="sum")
     assert torch.isfinite(out)
     _close(out, ref, 2e-3 * ref.abs().item())
@@ -276,3 +291,70 @@ def test_rope_one_output_unused():
     (eq,) = torch.autograd.grad(qr.sum(), q)
     _close(q.grad, eq, 1e-5)
     assert k.grad is None or not k.grad.any()
+
+
+VOCAB_OPTS = [
+    {},
+    {"label_smoothing": 0.1},
+    {"label_smoothing": 0.2, "class_weights": True},
+    {"softcap": 3.0, "logit_scale": 0.5},
+]
+
+
+@pytest.mark.parametrize("opts", VOCAB_OPTS, ids=lambda o: "-".join(o) or "plain")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_vocab_row_kernels_match_torch(opts, dtype):
+    n, v, w0 = 11, 45, 13  # chunks of 13 columns at offsets 0, 13, 26, 39 (last one 6 wide), blocks of 16
+    x = (torch.randn(n, v, generator=_g()) * 3).to(dtype)
+    t = torch.randint(0, v, (n,), generator=_g(1))
+    t[[2, 7]] = -100
+    opts = dict(opts)
+    cw = torch.rand(v, generator=_g(3)) + 0.5 if opts.pop("class_weights", False) else None
+    o = FlceOptions(**opts)
+    states = [vr.new_state(n, "cpu"), vr.new_state(n, "cpu")]
+    for s in range(0, v, w0):
+        chunk = x[:, s : s + w0].contiguous()
+        vr.stats_update_torch(chunk, s, t, states[0], opts=o, class_weights=cw, argmax=True)
+        stats_update_triton(chunk, s, t, states[1], opts=o, class_weights=cw, argmax=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for a, b in zip(states[1], states[0], strict=True):
+        _close(a, b, tol)
+    assert torch.equal(states[1].best_i, ce_torch.transform_logits(x, o.softcap, o.logit_scale).argmax(-1))
+    kw = dict(ce_scale=0.3, z_scale=0.7, row_grad=torch.randn(n, generator=_g(2)), opts=o, class_weights=cw)
+    ce, _, coefs = vr.row_losses(states[0], t, v, **kw)
+    ref_rows = ce_torch.ce_rows_torch(
+        x.clone(),
+        t,
+        ignore_index=-100,
+        label_smoothing=o.label_smoothing,
+        softcap=o.softcap,
+        logit_scale=o.logit_scale,
+        lse_square_scale=0.0,
+        class_weights=cw,
+        ce_grad_scale=0.3,
+        z_grad_scale=0.7,
+        row_grad=kw["row_grad"],
+        compute_grad=False,
+    )
+    _close(ce, ref_rows[0], tol)
+    grad_ref = x.clone()
+    ce_torch.ce_rows_torch(
+        grad_ref,
+        t,
+        ignore_index=-100,
+        label_smoothing=o.label_smoothing,
+        softcap=o.softcap,
+        logit_scale=o.logit_scale,
+        lse_square_scale=0.0,
+        class_weights=cw,
+        ce_grad_scale=0.3,
+        z_grad_scale=0.7,
+        row_grad=kw["row_grad"],
+        compute_grad=True,
+    )
+    for s in range(0, v, w0):
+        a, b = x[:, s : s + w0].contiguous(), x[:, s : s + w0].contiguous()
+        vr.grad_inplace_torch(a, s, t, coefs, opts=o, class_weights=cw)
+        grad_inplace_triton(b, s, t, coefs, opts=o, class_weights=cw)
+        _close(b, a, tol)
+        _close(a, grad_ref[:, s : s + w0], tol)

@@ -1,0 +1,117 @@
+"""FLCE vocabulary strategy: chunks of vocabulary columns, all rows at once, one reused logits buffer [N, Vc].
+
+Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the buffer), the row-statistics kernel
+folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
+and gradient factors. Pass 2 (only when a gradient is needed): recompute ``logits_c``, overwrite the buffer with
+its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation), ``dW[c] = g^T @ X`` written once (no
+read-modify-write: ``accum_dtype`` changes nothing here), ``db[c] = g.sum(0)``. No host sync inside the loops.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from .flce_run import FlceRun
+from .flce_vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
+from .triton_flce_vocab import grad_inplace_triton, stats_update_triton
+
+ROW_KERNELS = {
+    "torch": (stats_update_torch, grad_inplace_torch),
+    "triton": (stats_update_triton, grad_inplace_triton),
+}
+
+
+@cache
+def _has_out_dtype(device_type: str) -> bool:
+    """Whether ``torch.addmm(..., out_dtype=torch.float32)`` runs here (CUDA, torch >= 2.8)."""
+    if device_type != "cuda":
+        return False
+    a = torch.ones(2, 2, dtype=torch.bfloat16, device=device_type)
+    acc = torch.zeros(2, 2, dtype=torch.float32, device=device_type)
+    try:
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def accumulate_fp32(
+    acc: torch.Tensor, g: torch.Tensor, w: torch.Tensor, first: bool, out_dtype_ok: bool
+) -> None:
+    """``acc (fp32) = [acc +] g @ w``: cuBLAS accumulating straight into fp32 when it can, else upcast operands."""
+    beta = 0.0 if first else 1.0
+    if acc.dtype == g.dtype == w.dtype:
+        torch.addmm(acc, g, w, beta=beta, out=acc)
+    elif out_dtype_ok:
+        torch.addmm(acc, g, w, beta=beta, out_dtype=torch.float32, out=acc)
+    else:
+        torch.addmm(acc, g.to(acc.dtype), w.to(acc.dtype), beta=beta, out=acc)
+
+
+def _logits(buf_flat, hidden, w_c, b_c, width):
+    buf = buf_flat[: hidden.shape[0] * width].view(hidden.shape[0], width)
+    if b_c is not None:
+        torch.addmm(b_c, hidden, w_c.t(), out=buf)
+    else:
+        torch.mm(hidden, w_c.t(), out=buf)
+    return buf
+
+
+def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
+    """Same contract as :func:`flce_tokens.token_loop`, chunked over ``run.chunk`` vocabulary columns."""
+    opts = run.options
+    n, h = hidden.shape
+    v = weight.shape[0]
+    device = hidden.device
+    stats_update, grad_inplace = ROW_KERNELS[run.backend]
+    cv = max(min(run.chunk, v), 1)
+    spans = [(s, min(s + cv, v)) for s in range(0, v, cv)]
+    w_dt = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
+    b_dt = None if bias is None else bias.to(hidden.dtype)
+    target = target.contiguous()
+    cw = None if class_weights is None else class_weights.contiguous()
+    kw = {"opts": opts, "class_weights": cw}
+    buf_flat = torch.empty(n * cv, dtype=hidden.dtype, device=device)
+    state = new_state(n, device)
+    for s, e in spans:
+        buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e], e - s)
+        stats_update(buf, s, target, state, argmax=bool(run.argmax_mode), **kw)
+    ce, zl, coefs = row_losses(state, target, v, ce_scale=ce_scale, z_scale=z_scale, row_grad=row_grad, **kw)
+    dh, dw, db = _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need)
+    argmax = state.best_i if run.argmax_mode else None
+    has_z = opts.lse_square_scale != 0.0
+    if opts.reduction == "none":
+        return ce, (zl if has_z else None), argmax, dh, dw, db
+    return ce.sum(), (zl.sum() if has_z else None), argmax, dh, dw, db
+
+
+def _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need):
+    need_dh, need_dw, need_db = need
+    if not (need_dh or need_dw or need_db):
+        return None, None, None
+    n, h = hidden.shape
+    device = hidden.device
+    v = w_dt.shape[0]
+    acc = torch.empty((n, h), dtype=torch.float32, device=device) if need_dh and n else None
+    out_dtype_ok = _has_out_dtype(device.type)
+    dw = torch.empty((v, h), dtype=hidden.dtype, device=device) if need_dw else None
+    db = torch.empty(v, dtype=torch.float32, device=device) if need_db else None
+    for i, (s, e) in enumerate(spans):
+        buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e], e - s)
+        grad_inplace(buf, s, target, coefs, **kw)
+        if acc is not None:
+            accumulate_fp32(acc, buf, w_dt[s:e], i == 0, out_dtype_ok)
+        if need_dw:
+            torch.mm(buf.t(), hidden, out=dw[s:e])
+        if need_db:
+            torch.sum(buf, 0, dtype=torch.float32, out=db[s:e])
+    dh = None
+    if need_dh:
+        dh = (
+            acc.to(hidden.dtype)
+            if acc is not None
+            else torch.empty((0, h), dtype=hidden.dtype, device=device)
+        )
+    return dh, dw, db

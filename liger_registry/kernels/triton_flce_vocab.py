@@ -1,0 +1,171 @@
+"""Triton kernels of the FLCE vocabulary strategy: row statistics of a vocabulary chunk, and its in-place gradient.
+
+Same contracts as ``flce_vocab_rows.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import triton_utils as tu
+from .flce_vocab_rows import RowCoefs, RowState
+from .triton_utils import tanh
+
+
+@triton.jit
+def _logits(x_ptr, cols, mask, softcap, logit_scale, HAS_SOFTCAP: tl.constexpr):
+    z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+    if HAS_SOFTCAP:
+        z = softcap * tanh(z / softcap)
+    return z
+
+
+@triton.jit
+def _stats_kernel(
+    X,
+    stride_x,
+    Y,
+    M,
+    D,
+    ZY,
+    SZ,
+    BEST,
+    BEST_I,
+    CW,
+    n_cols,
+    col0,
+    softcap,
+    logit_scale,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    ARGMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_ptr = X + row * stride_x
+    offs = tl.arange(0, BLOCK)
+    m = tl.load(M + row)
+    d = tl.load(D + row)
+    sz = 0.0
+    if ARGMAX:
+        best = tl.load(BEST + row)
+        best_i = tl.load(BEST_I + row)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        mask = cols < n_cols
+        z = _logits(x_ptr, cols, mask, softcap, logit_scale, HAS_SOFTCAP)
+        z = tl.where(mask, z, float("-inf"))
+        bm = tl.max(z, 0)
+        if ARGMAX:
+            bi = tl.argmax(z, 0).to(tl.int64)
+            best_i = tl.where(bm > best, col0 + start + bi, best_i)
+            best = tl.maximum(best, bm)
+        m_new = tl.maximum(m, bm)
+        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
+        m = m_new
+        if HAS_SMOOTH:
+            zs = tl.where(mask, z, 0.0)
+            if HAS_WEIGHT:
+                zs = zs * tl.load(CW + col0 + cols, mask=mask, other=0.0).to(tl.float32)
+            sz += tl.sum(zs, 0)
+    tl.store(M + row, m)
+    tl.store(D + row, d)
+    if HAS_SMOOTH:
+        tl.store(SZ + row, tl.load(SZ + row) + sz)
+    if ARGMAX:
+        tl.store(BEST + row, best)
+        tl.store(BEST_I + row, best_i)
+    local = tl.load(Y + row) - col0
+    if (local >= 0) & (local < n_cols):
+        zy = tl.load(x_ptr + local).to(tl.float32) * logit_scale
+        if HAS_SOFTCAP:
+            zy = softcap * tanh(zy / softcap)
+        tl.store(ZY + row, zy)
+
+
+@triton.jit
+def _grad_kernel(
+    X,
+    stride_x,
+    Y,
+    LSE,
+    COEF,
+    A_S,
+    SM,
+    CW,
+    n_cols,
+    col0,
+    softcap,
+    logit_scale,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_ptr = X + row * stride_x
+    offs = tl.arange(0, BLOCK)
+    lse = tl.load(LSE + row)
+    coef = tl.load(COEF + row)
+    a_s = tl.load(A_S + row)
+    sm = tl.load(SM + row)
+    local = tl.load(Y + row) - col0
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        mask = cols < n_cols
+        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+        if HAS_SOFTCAP:
+            t = tanh(z / softcap)
+            z = softcap * t
+        g = tl.exp(z - lse) * coef
+        g = tl.where(cols == local, g - a_s, g)
+        if HAS_SMOOTH:
+            if HAS_WEIGHT:
+                g -= sm * tl.load(CW + col0 + cols, mask=mask, other=0.0).to(tl.float32)
+            else:
+                g -= sm
+        if HAS_SOFTCAP:
+            g = g * (1.0 - t * t)
+        g = g * logit_scale
+        tl.store(x_ptr + cols, g.to(X.dtype.element_ty), mask=mask)
+
+
+def _common(buf: torch.Tensor, opts, class_weights):
+    if buf.stride(1) != 1:
+        raise ValueError("the logits chunk must have unit column stride")
+    block = tu.row_block(buf.shape[1])
+    flags = dict(
+        HAS_SOFTCAP=opts.softcap is not None,
+        HAS_WEIGHT=class_weights is not None,
+        HAS_SMOOTH=opts.label_smoothing > 0.0,
+        BLOCK=block,
+        num_warps=tu.warps_for(block),
+    )
+    cw = class_weights if class_weights is not None else buf
+    scalars = (float(opts.softcap) if opts.softcap is not None else 1.0, float(opts.logit_scale))
+    return cw, scalars, flags
+
+
+@torch.no_grad()
+def stats_update_triton(
+    buf, col0: int, target, state: RowState, *, opts, class_weights, argmax: bool
+) -> None:
+    n, width = buf.shape
+    if n == 0:
+        return
+    cw, (softcap, scale), flags = _common(buf, opts, class_weights)
+    _stats_kernel[(n,)](
+        buf, buf.stride(0), target, *state, cw, width, col0, softcap, scale, ARGMAX=bool(argmax), **flags
+    )
+
+
+@torch.no_grad()
+def grad_inplace_triton(buf, col0: int, target, coefs: RowCoefs, *, opts, class_weights) -> None:
+    n, width = buf.shape
+    if n == 0:
+        return
+    cw, (softcap, scale), flags = _common(buf, opts, class_weights)
+    _grad_kernel[(n,)](buf, buf.stride(0), target, *coefs, cw, width, col0, softcap, scale, **flags)
