@@ -18,9 +18,12 @@ a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). 
   [BT, H] <- [BT, w] [w, H] with an fp32 output plus the fp32 accumulator's read (BT H 4, GEMM epilogue rate);
   dW GEMM [w, H] <- [w, BT] [BT, H] written once.
 
-Calibrated on ANCHORS.md (H200, bf16, Llama-3 H=4096 V=128256, C=1 budget): tokens 46 / 46 / 55 / 94 ms vs
-measured 45 / 45 / 55 / 91 at BT 2048 / 4096 / 8192 / 16384; vocab 13.5 / 27 / 54 / 109 vs the lower bound
-13.8 / 27.5 / 53.9 / 108.3. fp32 GEMMs (no TF32) run at ``F / 10``.
+Calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table).
+Llama-3 (H=4096 V=128256) at BT 2048 / 4096 / 8192 / 16384: tokens 46.6 / 47.6 / 54.2 / 92.6 ms predicted vs
+45.3 / 45.2 / 55.1 / 90.7 measured; vocab 13.2 / 26.3 / 52.6 / 105.2 vs the lower bound 13.8 / 27.5 / 53.9 /
+108.3. GPT-OSS (H=2880 V=201088): tokens 102.6 / 104.1 / 107.0 / 128.1 vs 101.9 / 103.9 / 108.8 / 124.5;
+vocab 15.9 / 31.7 / 63.5 / 126.9 vs 17.6 / 31.8 / 63.6 / 126.0 (BT 16384 is a tie within 1.5% both ways).
+C=8 tokens: 11.3 / 20.9 / 40.1 / 78.5 vs 11.5 / 21.6 / 41.3 / 79.4. fp32 GEMMs (no TF32) run at ``F / 10``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ def _has_out_dtype(device_type: str) -> bool:
     a = torch.ones(2, 2, dtype=torch.bfloat16, device=device_type)
     acc = torch.zeros(2, 2, dtype=torch.float32, device=device_type)
     try:
-        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+        torch.addmm(acc, a, a, beta=0.0, out_dtype=torch.float32, out=acc)
+        torch.addmm(acc, a, a, beta=1.0, out_dtype=torch.float32, out=acc)
     except (TypeError, RuntimeError, NotImplementedError):
         return False
     return True

@@ -71,12 +71,18 @@ def test_opcheck_custom_ops(monkeypatch):
     torch.library.opcheck(torch.ops.liger_registry.layer_norm_fwd.default, (x, w, None, 1e-5, "torch"))
 
 
-def test_compiled_flce_runs_and_matches(monkeypatch):
+@pytest.mark.parametrize("strategy", ["tokens", "vocab"])
+def test_compiled_flce_runs_and_matches(monkeypatch, strategy):
+    from liger_registry.kernels import flce_planner
+
     monkeypatch.setenv(K.ENV_VAR, "torch")
+    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 4)
     x, _, _, _, _, head, target = _inputs()
+    plan = K.flce_plan(x.shape[0], x.shape[1], head.shape[0], strategy=strategy, dtype=x.dtype)
+    assert plan.strategy == strategy and plan.num_chunks > 1
 
     def f(x, head):
-        return K.fused_linear_cross_entropy(x, head, target, label_smoothing=0.1)
+        return K.fused_linear_cross_entropy(x, head, target, label_smoothing=0.1, strategy=strategy)
 
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
@@ -87,3 +93,14 @@ def test_compiled_flce_runs_and_matches(monkeypatch):
     g2 = torch.autograd.grad(ref, [x, head])
     for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("strategy,chunk", [("tokens", 4), ("vocab", 8)])
+def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
+    from liger_registry.kernels.flce_options import FlceOptions
+    from liger_registry.kernels.flce_run import FlceRun
+
+    x, _, _, _, _, head, target = _inputs()
+    flat = FlceRun(FlceOptions(label_smoothing=0.1), strategy, chunk, "torch", 2).flat()
+    args = (x.detach(), head.detach(), target, None, None, None, True, True, False, *flat)
+    torch.library.opcheck(torch.ops.liger_registry.flce_forward.default, args)
