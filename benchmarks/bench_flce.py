@@ -70,7 +70,7 @@ def parse(argv=None) -> argparse.Namespace:
         "--cpu-smoke", action="store_true", help="tiny fp32 shapes on CPU, wall-clock timing, no peer"
     )
     args = p.parse_args(argv)
-    if args.quick:
+    if args.quick and not args.cpu_smoke:
         args.bt = args.bt or "2048,8192"
         args.warmup_ms, args.rep_ms = min(args.warmup_ms, 25.0), min(args.rep_ms, 100.0)
     return args
@@ -479,7 +479,7 @@ def main(argv=None) -> int:
         return 2
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     shapes = SHAPES if cuda else SMOKE_SHAPES
-    bts = [int(b) for b in args.bt.split(",")] if args.bt and cuda else (BTS if cuda else SMOKE_BTS)
+    bts = [int(b) for b in args.bt.split(",")] if args.bt else (BTS if cuda else SMOKE_BTS)
     wanted = args.methods.split(",") if args.methods else None
     methods = [m for m in METHODS if wanted is None or m[0] in wanted]
     api = probe_api()
