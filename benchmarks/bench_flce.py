@@ -65,7 +65,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--bt", default=None, help="comma list of tokens per call (default 2048,4096,8192,16384)")
     p.add_argument("--methods", default=None, help="comma list of row names (default: all)")
     p.add_argument("--warmup-ms", type=float, default=50.0, help="do_bench warm-up (ms of running)")
-    p.add_argument("--rep-ms", type=float, default=200.0, help="do_bench repetitions (ms of running)")
+    p.add_argument("--rep-ms", type=float, default=300.0, help="do_bench repetitions (ms of running)")
     p.add_argument(
         "--cpu-smoke", action="store_true", help="tiny fp32 shapes on CPU, wall-clock timing, no peer"
     )
@@ -438,7 +438,7 @@ def print_table(rows, checks, meta) -> None:
     head = (
         f"{'shape':<8}{'BT':>6} {'method':<16}{'plan':<19}{'pred':>6}{'ms':>8}"
         + ("{:>8}".format("peaked") if peaked else "")
-        + f"{'MiB':>8}{'/unp':>6}{'/peer1':>7}{'/floor':>7}  targets"
+        + f"{'MiB':>8}{'/unp':>7}{'/peer1':>7}{'/floor':>7}  targets"
     )
     print(head)
     last = None
@@ -459,7 +459,7 @@ def print_table(rows, checks, meta) -> None:
         if peaked:
             line += f"{fmt(r.get('peaked_ms'), '8.2f'):>8}"
         line += (
-            f"{fmt(r.get('peak_mib'), '8.0f'):>8}{fmt(r.get('x_unpatched'), '6.2f'):>6}"
+            f"{fmt(r.get('peak_mib'), '8.0f'):>8}{fmt(r.get('x_unpatched'), '7.2f'):>7}"
             f"{fmt(r.get('x_peer1'), '7.2f'):>7}{fmt(r.get('x_floor'), '7.2f'):>7}  {verdict(r)}"
         )
         print(line)
