@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# torch.cuda.is_available() through NVML in the driver: it must not initialise CUDA before it forks the runs
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+NVML_CHECK_BEFORE = os.environ.get(NVML_CHECK)
 MODELS = {
     "llama": dict(
         model_type="llama",
@@ -250,12 +253,16 @@ def run_job(job: dict) -> dict:
     import transformers
 
     out["env"] = {"torch": torch.__version__, "transformers": transformers.__version__}
-    if device == "cuda":
+    if device == "cuda" and out["ok"]:
         out["env"]["device"] = torch.cuda.get_device_name()
     return out
 
 
 def child_main(job: dict, result: str) -> None:
+    if NVML_CHECK_BEFORE is None:  # the driver's setting goes: CUDA starts here
+        os.environ.pop(NVML_CHECK, None)
+    else:
+        os.environ[NVML_CHECK] = NVML_CHECK_BEFORE
     Path(result).write_text(json.dumps(run_job(job)))
 
 
@@ -264,7 +271,7 @@ def child_main(job: dict, result: str) -> None:
 
 def preimport(smoke: bool) -> None:
     """Import once what every forked process needs, without initialising CUDA (a fork after that breaks it)."""
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    os.environ[NVML_CHECK] = "1"
     import torch
     import transformers.models.llama.modeling_llama  # noqa: F401
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401
@@ -308,6 +315,11 @@ def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
     return {**job, **out}
 
 
+def fork_broke_cuda(error: str) -> bool:
+    """The error a child gets when CUDA was initialised in the driver before the fork."""
+    return "CUDA" in error and any(k in error for k in ("initialization error", "re-initialize", "fork"))
+
+
 def drive(args: argparse.Namespace) -> list[dict]:
     if not args.spawn:
         preimport(args.cpu_smoke)
@@ -322,6 +334,12 @@ def drive(args: argparse.Namespace) -> list[dict]:
                 )
                 continue
             r = launch(job, args, Path(tmp), i)
+            if not args.spawn and not r.get("ok") and fork_broke_cuda(r.get("error", "")):
+                print(
+                    f"bench_e2e: CUDA does not start in a forked process ({r['error'][:120]}); spawning instead"
+                )
+                args.spawn = True
+                r = launch(job, args, Path(tmp), i)
             runs.append(r)
             what = (
                 f"{r['tokens_per_s']:,.0f} tok/s, peak {r['peak_gib'] or 0:.2f} GiB, loss {r['losses'][-1]:.4f}"
