@@ -8,7 +8,8 @@
 #   flce / flce-quick   benchmarks/bench_flce.py (full sweep < 6 min / ~1 min subset)
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
 #   ops            benchmarks/bench_ops.py
-# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..."; per-part time limits: T_<PART> seconds.
+# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..."; per-part time limits: T_<PART> seconds,
+# each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
@@ -23,9 +24,14 @@ fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv,noheader | tee -a "$LOG"
 summary=""
+left() { echo $(( ${LIMIT_S:-590} - SECONDS )); }
 part() {  # part NAME LIMIT_S TAIL_LINES COMMAND...
   local name=$1 limit=$2 lines=$3 start=$SECONDS rc
   shift 3
+  if (( limit > $(left) - 5 )); then limit=$(( $(left) - 5 )); fi
+  if (( limit < 20 )); then
+    echo "=== $name: skipped, $(left) s left" | tee -a "$LOG"; summary="$summary $name=skipped"; return
+  fi
   echo "=== $name: $*" | tee -a "$LOG"
   timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n "$lines"
   rc=$?
@@ -42,8 +48,9 @@ for p in ${*:-tests flce e2e}; do
         python3 -m pytest -q -p no:cacheprovider -p force_flce_strategy tests/convergence -k gpu ;;
     flce) part flce "${T_FLCE:-420}" 90 python3 benchmarks/bench_flce.py $FLCE_ARGS ;;
     flce-quick) part flce-quick "${T_FLCE:-150}" 60 python3 benchmarks/bench_flce.py --quick $FLCE_ARGS ;;
-    e2e) part e2e "${T_E2E:-590}" 40 python3 benchmarks/bench_e2e.py $E2E_ARGS ;;
-    e2e-quick) part e2e-quick "${T_E2E:-300}" 30 python3 benchmarks/bench_e2e.py --quick $E2E_ARGS ;;
+    e2e) part e2e "${T_E2E:-590}" 40 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
+    e2e-quick) part e2e-quick "${T_E2E:-300}" 30 \
+                 python3 benchmarks/bench_e2e.py --quick --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
     *) echo "gpu_run: unknown part $p" | tee -a "$LOG" ;;
   esac
