@@ -470,7 +470,7 @@ def print_table(rows, checks, meta) -> None:
     head = (
         f"{'shape':<8}{'BT':>6} {'method':<16}{'plan':<19}{'pred':>6}{'ms':>8}"
         + ("{:>8}".format("peaked") if peaked else "")
-        + f"{'MiB':>8}{'/unp':>7}{'/peer1':>7}{'/floor':>7}  targets"
+        + f"{'MiB':>8}{'/unp':>8}{'/peer1':>8}{'/floor':>8}  targets"
     )
     print(head)
     last = None
@@ -491,8 +491,8 @@ def print_table(rows, checks, meta) -> None:
         if peaked:
             line += f"{fmt(r.get('peaked_ms'), '8.2f'):>8}"
         line += (
-            f"{fmt(r.get('peak_mib'), '8.0f'):>8}{fmt(r.get('x_unpatched'), '7.3f'):>7}"
-            f"{fmt(r.get('x_peer1'), '7.3f'):>7}{fmt(r.get('x_floor'), '7.3f'):>7}  {verdict(r)}"
+            f"{fmt(r.get('peak_mib'), '8.0f'):>8}{fmt(r.get('x_unpatched'), '8.3f'):>8}"
+            f"{fmt(r.get('x_peer1'), '8.3f'):>8}{fmt(r.get('x_floor'), '8.3f'):>8}  {verdict(r)}"
         )
         print(line)
     targets = [ok for r in rows for ok in (r.get("targets") or {}).values()]
