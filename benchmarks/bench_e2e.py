@@ -549,7 +549,10 @@ def main(argv=None) -> int:
         "env": env,
         "args": vars(args),
     }
-    meta["png"] = plot(rows, methods, out / f"{stem}.png")
+    try:
+        meta["png"] = plot(rows, methods, out / f"{stem}.png")
+    except Exception as exc:  # noqa: BLE001 - a plotting failure must not cost the table
+        meta["png"] = f"not drawn ({type(exc).__name__}: {exc})"
     meta["json"] = str(out / f"{stem}.json")
     Path(meta["json"]).write_text(
         json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1, default=str)
