@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 
@@ -86,3 +88,30 @@ def test_flce_cpu_smoke(tmp_path: Path, monkeypatch, capsys) -> None:
     checks = {c["method"]: c for c in data["loss_check"]}
     for method in ("unpatched", "ours default", "ours C=8"):
         assert checks[method]["loss_rel"] < 1e-5 and checks[method]["dw_rel"] < 1e-4, checks[method]
+
+
+def test_force_flce_strategy_plugin_injects_and_checks_the_strategy(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("FORCE_FLCE_STRATEGY", "vocab")
+    plugin = _load("force_flce_strategy.py")
+    calls, reverted = [], []
+
+    def fake_apply(model, **kwargs):  # resolves what it was given, or "auto" when the knob is dropped
+        calls.append(kwargs)
+        flce = SimpleNamespace(
+            enabled=True, strategy=kwargs.get("resolved", kwargs.get("flce_strategy", "auto"))
+        )
+        config = SimpleNamespace(entry=SimpleNamespace(flce=flce))
+        return SimpleNamespace(
+            report=SimpleNamespace(config=config, family="llama"), revert=lambda: reverted.append(1)
+        )
+
+    forced = plugin._forced_apply(fake_apply)
+    forced("model", chunk_mem_const=8)
+    assert calls[-1] == {"chunk_mem_const": 8, "flce_strategy": "vocab"} and plugin.FORCED == ["llama"]
+    forced("model", flce_strategy="tokens")  # an explicit strategy of the test wins
+    assert calls[-1]["flce_strategy"] == "tokens"
+    with pytest.raises(RuntimeError, match="resolved 'auto'"):  # the knob did not reach the resolved spec
+        forced("model", resolved="auto")
+    assert reverted == [1]  # and the patch is taken back
