@@ -14,8 +14,6 @@ from __future__ import annotations
 import functools
 import os
 
-import liger_registry
-
 STRATEGY = os.environ.get("FORCE_FLCE_STRATEGY", "")
 FORCED: list[str] = []
 
@@ -49,6 +47,7 @@ def _forced_apply(apply):
 def pytest_configure(config) -> None:
     if STRATEGY not in ("tokens", "vocab", "auto"):
         raise ValueError(f"FORCE_FLCE_STRATEGY must be tokens, vocab or auto; got {STRATEGY!r}")
+    import liger_registry  # here, not at import: the test suite's conftest configures Triton first
     import liger_registry.registry.applier as applier
 
     forced = _forced_apply(applier.apply)
