@@ -182,7 +182,7 @@ def patch(job: dict, model) -> dict:
     budget = {
         k: getattr(flce, k) for k in ("chunk_mem_const", "max_chunk_mib", "strategy") if hasattr(flce, k)
     }
-    budget = {k: v for k, v in budget.items() if v is not None}
+    budget = {k: getattr(v, "value", v) for k, v in budget.items() if v is not None}  # enum -> its value
     info["flce_budget"] = {k: str(v) for k, v in budget.items()}
     try:
         from liger_registry.kernels import flce_plan
