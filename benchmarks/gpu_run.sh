@@ -1,14 +1,58 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then both benchmarks; logs and JSON under $OUT. Usage: bash benchmarks/gpu_run.sh [tests|flce|ops]...
+# One device call: install the wheels carried in .whl/, then the chosen parts; one log + JSON/PNG under $OUT
+# (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json).
+# Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
+#   tests          kernel GPU tests (tests/kernels/test_gpu.py)
+#   parity         bf16 GPU parity suite (tests/convergence -k gpu), strategy as planned
+#   parity-tokens  the same with every apply() forcing the token-chunked FLCE; parity-vocab: vocab-chunked
+#   flce / flce-quick   benchmarks/bench_flce.py (full sweep < 6 min / ~1 min subset)
+#   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
+#   ops            benchmarks/bench_ops.py
+# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..."; per-part time limits: T_<PART> seconds,
+# each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
+set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
-parts=${*:-tests flce ops}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv,noheader
-for p in $parts; do
+LOG=$OUT/run.log
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "gpu_run: installing .whl/*.whl failed"; exit 1; }
+else
+  echo "gpu_run: no .whl/ (carry [\".whl\"]): the peer liger-kernel will be missing" | tee -a "$LOG"
+fi
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv,noheader | tee -a "$LOG"
+summary=""
+left() { echo $(( ${LIMIT_S:-590} - SECONDS )); }
+part() {  # part NAME LIMIT_S TAIL_LINES COMMAND...
+  local name=$1 limit=$2 lines=$3 start=$SECONDS rc
+  shift 3
+  if (( limit > $(left) - 5 )); then limit=$(( $(left) - 5 )); fi
+  if (( limit < 20 )); then
+    echo "=== $name: skipped, $(left) s left" | tee -a "$LOG"; summary="$summary $name=skipped"; return
+  fi
+  echo "=== $name: $*" | tee -a "$LOG"
+  timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -n "$lines"
+  rc=$?
+  echo "=== $name: rc $rc in $((SECONDS - start)) s" | tee -a "$LOG"
+  summary="$summary $name=rc$rc/$((SECONDS - start))s"
+}
+for p in ${*:-tests flce e2e}; do
   case $p in
-    tests) GPU_TEST_REPORT=$OUT/gpu_tests.json timeout ${T_TESTS:-240} python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py 2>&1 | tee $OUT/gpu_tests.log | tail -30 ;;
-    flce) timeout ${T_FLCE:-200} python3 benchmarks/bench_flce.py 2>&1 | tee $OUT/bench_flce.log | tail -30 ;;
-    ops) timeout ${T_OPS:-150} python3 benchmarks/bench_ops.py 2>&1 | tee $OUT/bench_ops.log | tail -24 ;;
+    tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-240}" 30 \
+             python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py ;;
+    parity) part parity "${T_PARITY:-300}" 60 python3 -m pytest -q -p no:cacheprovider tests/convergence -k gpu ;;
+    parity-tokens|parity-vocab)
+      FORCE_FLCE_STRATEGY=${p#parity-} PYTHONPATH=$PYTHONPATH:$PWD/benchmarks part "$p" "${T_PARITY:-300}" 60 \
+        python3 -m pytest -q -p no:cacheprovider -p force_flce_strategy tests/convergence -k gpu ;;
+    flce) part flce "${T_FLCE:-420}" 90 python3 benchmarks/bench_flce.py $FLCE_ARGS ;;
+    flce-quick) part flce-quick "${T_FLCE:-150}" 60 python3 benchmarks/bench_flce.py --quick $FLCE_ARGS ;;
+    e2e) part e2e "${T_E2E:-590}" 40 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
+    e2e-quick) part e2e-quick "${T_E2E:-300}" 30 \
+                 python3 benchmarks/bench_e2e.py --quick --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
+    ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
+    *) echo "gpu_run: unknown part $p" | tee -a "$LOG" ;;
   esac
 done
+echo "gpu_run:$summary" | tee -a "$LOG"

@@ -1,0 +1,565 @@
+"""End-to-end training benchmark (issue 10): HF unpatched vs liger-kernel vs ours, one process per configuration.
+
+Training steps (forward, backward, AdamW) of a Llama-3-8B-shaped (hidden 4096, MLP 14336, 32/8 heads, vocabulary
+128256) and a Qwen3-8B-shaped (hidden 4096, MLP 12288, 32/8 heads, head_dim 128, vocabulary 151936) model cut
+to 2 and 4 layers; bf16 weights built on the GPU with a fixed seed, SDPA attention, 4096 and 8192 tokens per step
+(--batch sequences of tokens/batch). Methods: `hf` (unpatched), `liger` (liger-kernel's own
+apply_liger_kernel_to_llama / _qwen3(model=...), a benchmark-only peer), `ours` (liger_registry.apply(model)),
+`ours_tp` (apply(model, policy="throughput")). Each configuration runs in its own process (a fresh CUDA context
+and allocator: peak memory does not inherit another run's fragmentation), the methods of one configuration next
+to each other and in a rotated order per repeat. By default the processes are forked from this driver after it
+imported torch and transformers once (it never touches CUDA); --spawn starts each one from scratch instead.
+Per run: tokens/s of the median step after the warm-up steps, peak allocated GiB, the loss of every step (same
+seed and data for every method). Table (ours/HF and ours/peer ratios, issue 10's targets) printed last; JSON and
+one PNG (tok/s bars, peak memory bars, loss curves) under $OUT or benchmarks/results/.
+
+Usage: python benchmarks/bench_e2e.py [--quick] [--models llama,qwen3] [--layers 2,4] [--tokens 4096,8192]
+                                      [--methods hf,liger,ours,ours_tp] [--repeats 2] [--steps 8] [--warmup 3]
+       python benchmarks/bench_e2e.py --cpu-smoke    # tiny dims on CPU, 2 steps, no peer: checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# torch.cuda.is_available() through NVML in the driver: it must not initialise CUDA before it forks the runs
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+NVML_CHECK_BEFORE = os.environ.get(NVML_CHECK)
+MODELS = {
+    "llama": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+    ),
+    "qwen3": dict(
+        model_type="qwen3",
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+    ),
+}
+SMOKE_DIMS = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=512,
+)
+METHODS = ("hf", "liger", "ours", "ours_tp")
+CPU_METHODS = ("hf", "ours", "ours_tp")  # no CUDA, no peer
+PEER_APPLY = {"llama": "apply_liger_kernel_to_llama", "qwen3": "apply_liger_kernel_to_qwen3"}
+TARGETS = "ours >= 1.0x HF tok/s, >= 1.1x liger tok/s, peak <= liger + 0.25 GiB"
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="llama,qwen3")
+    p.add_argument("--layers", default="2,4")
+    p.add_argument("--tokens", default="4096,8192", help="tokens per step")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--batch", type=int, default=1, help="sequences per step (seq = tokens / batch)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3, help="steps left out of tokens/s")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--timeout-s", type=float, default=120.0, help="per process")
+    p.add_argument(
+        "--budget-s", type=float, default=510.0, help="start no new process after this many seconds"
+    )
+    p.add_argument("--spawn", action="store_true", help="start every process from scratch instead of forking")
+    p.add_argument("--quick", action="store_true", help="2 layers, both models and token counts, 1 repeat")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny dims on CPU, 2 steps, methods without CUDA")
+    p.add_argument(
+        "--out", default=None, help="directory for JSON and PNG (default: $OUT or benchmarks/results)"
+    )
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.repeats = "2", 1
+    if args.cpu_smoke:
+        if args.tokens == "4096,8192":
+            args.tokens = "64"
+        if args.methods == ",".join(METHODS):
+            args.methods = ",".join(CPU_METHODS)
+        args.steps, args.warmup = min(args.steps, 2), min(args.warmup, 1)
+    return args
+
+
+def jobs_of(args: argparse.Namespace) -> list[dict]:
+    """Every process to run, in order: per repeat, per configuration, its methods in a rotated order."""
+    methods = args.methods.split(",")
+    configs = [
+        (m, int(layer), int(t))
+        for m in args.models.split(",")
+        for layer in args.layers.split(",")
+        for t in args.tokens.split(",")
+    ]
+    jobs = []
+    for r in range(args.repeats):
+        for i, (model, layers, tokens) in enumerate(configs):
+            k = (r + i) % len(methods)
+            for method in methods[k:] + methods[:k]:
+                jobs.append(
+                    dict(
+                        model=model,
+                        layers=layers,
+                        tokens=tokens,
+                        method=method,
+                        repeat=r,
+                        batch=args.batch,
+                        steps=args.steps,
+                        warmup=args.warmup,
+                        lr=args.lr,
+                        smoke=args.cpu_smoke,
+                    )
+                )
+    return jobs
+
+
+# --- one configuration (runs in its own process)
+
+
+def build_model(job: dict, device: str):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dims = dict(MODELS[job["model"]])
+    model_type = dims.pop("model_type")
+    if job["smoke"]:
+        dims.update(SMOKE_DIMS)
+    config = AutoConfig.for_model(
+        model_type, num_hidden_layers=job["layers"], tie_word_embeddings=False, use_cache=False, **dims
+    )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=job["dtype"], attn_implementation="sdpa")
+    return model.train(), config
+
+
+def patch(job: dict, model) -> dict:
+    """Install the method's kernels; what was installed (and, for ours, the FLCE plan at this token count)."""
+    method = job["method"]
+    if method == "hf":
+        return {}
+    if method == "liger":
+        import liger_kernel.transformers as lk
+
+        getattr(lk, PEER_APPLY[job["model"]])(model=model)
+        return {}
+    import liger_registry
+
+    handle = (
+        liger_registry.apply(model, policy="throughput")
+        if method == "ours_tp"
+        else liger_registry.apply(model)
+    )
+    info = {"patched": sorted({str(r.kernel) for r in handle.report.patched})}
+    flce = handle.report.config.entry.flce
+    budget = {
+        k: getattr(flce, k) for k in ("chunk_mem_const", "max_chunk_mib", "strategy") if hasattr(flce, k)
+    }
+    budget = {k: getattr(v, "value", v) for k, v in budget.items() if v is not None}  # enum -> its value
+    info["flce_budget"] = {k: str(v) for k, v in budget.items()}
+    try:
+        from liger_registry.kernels import flce_plan
+
+        cfg = model.config
+        info["flce_plan"] = str(flce_plan(job["tokens"], cfg.hidden_size, cfg.vocab_size, **budget))
+    except Exception as exc:  # noqa: BLE001 - the planner may not be merged on this branch
+        info["flce_plan"] = f"n/a ({type(exc).__name__}: {exc})"[:160]
+    return info
+
+
+def train(job: dict, model, device: str) -> dict:
+    import torch
+
+    cuda = device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    vocab, seq = model.config.vocab_size, job["tokens"] // job["batch"]
+    gen = torch.Generator().manual_seed(1234)  # two fixed batches in turn: the loss goes down, same for all
+    batches = [torch.randint(0, vocab, (job["batch"], seq), generator=gen).to(device) for _ in range(2)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], foreach=True)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    losses, times = [], []
+    for step in range(job["steps"]):
+        ids = batches[step % 2]
+        sync()
+        start = time.perf_counter()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+    timed = times[job["warmup"] :] or times
+    return {
+        "losses": losses,
+        "step_s": times,
+        "median_step_s": statistics.median(timed),
+        "tokens_per_s": job["tokens"] / statistics.median(timed),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+    }
+
+
+def run_job(job: dict) -> dict:
+    t0 = time.perf_counter()
+    import torch
+
+    device = "cpu" if job["smoke"] else "cuda"
+    job = {**job, "dtype": torch.float32 if job["smoke"] else torch.bfloat16}
+    out: dict = {"import_s": time.perf_counter() - t0}
+    try:
+        t = time.perf_counter()
+        model, _ = build_model(job, device)
+        out["build_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        out.update(patch(job, model))
+        out["apply_s"] = time.perf_counter() - t
+        out.update(train(job, model, device))
+        out["ok"] = True
+    except Exception as exc:  # noqa: BLE001 - an OOM or a missing peer is a result of this configuration
+        out.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+        expected = ("ImportError", "ModuleNotFoundError", "OutOfMemoryError", "RegistryError", "PatchError")
+        if type(exc).__name__ not in expected:
+            import traceback
+
+            traceback.print_exc()
+    import transformers
+
+    out["env"] = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if device == "cuda" and out["ok"]:
+        out["env"]["device"] = torch.cuda.get_device_name()
+    return out
+
+
+def child_main(job: dict, result: str) -> None:
+    if NVML_CHECK_BEFORE is None:  # the driver's setting goes: CUDA starts here
+        os.environ.pop(NVML_CHECK, None)
+    else:
+        os.environ[NVML_CHECK] = NVML_CHECK_BEFORE
+    Path(result).write_text(json.dumps(run_job(job)))
+
+
+# --- the driver
+
+
+def preimport(smoke: bool) -> None:
+    """Import once what every forked process needs, without initialising CUDA (a fork after that breaks it)."""
+    os.environ[NVML_CHECK] = "1"
+    import torch
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+
+    import liger_registry  # noqa: F401
+    import liger_registry.kernels  # noqa: F401
+
+    if not smoke and torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised before the fork; run with --spawn")
+
+
+def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
+    result = tmp / f"job{index}.json"
+    start = time.perf_counter()
+    if args.spawn:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p),
+        }
+        cmd = [sys.executable, __file__, "--child", json.dumps(job), "--result", str(result)]
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=args.timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    else:
+        import multiprocessing
+
+        proc = multiprocessing.get_context("fork").Process(target=child_main, args=(job, str(result)))
+        proc.start()
+        proc.join(args.timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            rc = "timeout"
+        else:
+            rc = proc.exitcode
+    out = (
+        json.loads(result.read_text()) if result.exists() else {"ok": False, "error": f"process ended: {rc}"}
+    )
+    out["wall_s"] = time.perf_counter() - start
+    return {**job, **out}
+
+
+def fork_broke_cuda(error: str) -> bool:
+    """The error a child gets when CUDA was initialised in the driver before the fork."""
+    return "CUDA" in error and any(k in error for k in ("initialization error", "re-initialize", "fork"))
+
+
+def drive(args: argparse.Namespace) -> list[dict]:
+    if not args.spawn:
+        preimport(args.cpu_smoke)
+    jobs, runs, start = jobs_of(args), [], time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, job in enumerate(jobs):
+            elapsed = time.perf_counter() - start
+            longest = max((r["wall_s"] for r in runs), default=0.0)
+            if elapsed + longest > args.budget_s:
+                runs.append(
+                    {**job, "ok": False, "error": f"not run: time budget {args.budget_s:.0f} s spent"}
+                )
+                continue
+            r = launch(job, args, Path(tmp), i)
+            if not args.spawn and not r.get("ok") and fork_broke_cuda(r.get("error", "")):
+                print(
+                    f"bench_e2e: CUDA does not start in a forked process ({r['error'][:120]}); spawning instead"
+                )
+                args.spawn = True
+                r = launch(job, args, Path(tmp), i)
+            runs.append(r)
+            what = (
+                f"{r['tokens_per_s']:,.0f} tok/s, peak {r['peak_gib'] or 0:.2f} GiB, loss {r['losses'][-1]:.4f}"
+                if r.get("ok")
+                else r.get("error", "")[:150]
+            )
+            print(
+                f"[{i + 1}/{len(jobs)} {elapsed:4.0f}s] {job['model']} L{job['layers']} T{job['tokens']} "
+                f"{job['method']:<7} r{job['repeat']}: {what} (process {r['wall_s']:.1f} s)",
+                flush=True,
+            )
+    return runs
+
+
+# --- aggregation, table, plots
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """One row per (model, layers, tokens): per method mean tok/s over repeats, max peak, first loss curve."""
+    rows = []
+    keys = list(dict.fromkeys((r["model"], r["layers"], r["tokens"]) for r in runs))
+    for model, layers, tokens in keys:
+        row = {"model": model, "layers": layers, "tokens": tokens, "methods": {}}
+        for r in runs:
+            if (r["model"], r["layers"], r["tokens"]) != (model, layers, tokens):
+                continue
+            m = row["methods"].setdefault(r["method"], {"tokens_per_s": [], "peak_gib": [], "errors": []})
+            if r.get("ok"):
+                m["tokens_per_s"].append(r["tokens_per_s"])
+                m["peak_gib"].append(r["peak_gib"])
+                m.setdefault("losses", r["losses"])
+                m.setdefault("flce_plan", r.get("flce_plan"))
+            else:
+                m["errors"].append(r.get("error", "?"))
+        for m in row["methods"].values():
+            m["tps"] = statistics.fmean(m["tokens_per_s"]) if m["tokens_per_s"] else None
+            peaks = [p for p in m["peak_gib"] if p is not None]
+            m["peak"] = max(peaks) if peaks else None
+        judge(row)
+        rows.append(row)
+    return rows
+
+
+def judge(row: dict) -> None:
+    ms = row["methods"]
+    tps = {k: v["tps"] for k, v in ms.items()}
+    peak = {k: v["peak"] for k, v in ms.items()}
+    ref = ms.get("hf", {}).get("losses")
+    for m in ms.values():
+        if ref and m.get("losses"):
+            m["max_dloss_vs_hf"] = max(abs(a - b) for a, b in zip(m["losses"], ref, strict=False))
+    ratio = lambda a, b: tps[a] / tps[b] if tps.get(a) and tps.get(b) else None  # noqa: E731
+    row["ratios"] = {
+        "ours/hf": ratio("ours", "hf"),
+        "ours/liger": ratio("ours", "liger"),
+        "tp/hf": ratio("ours_tp", "hf"),
+        "tp/liger": ratio("ours_tp", "liger"),
+    }
+    r = row["ratios"]
+    extra = (
+        (peak["ours"] - peak["liger"])
+        if peak.get("ours") is not None and peak.get("liger") is not None
+        else None
+    )
+    row["targets"] = {
+        ">=1.0x HF": None if r["ours/hf"] is None else r["ours/hf"] >= 1.0,
+        ">=1.1x liger": None if r["ours/liger"] is None else r["ours/liger"] >= 1.1,
+        "peak<=liger+0.25": None if extra is None else extra <= 0.25,
+    }
+
+
+def kfmt(x) -> str:
+    return "-" if x is None else f"{x / 1000:.1f}k"
+
+
+def ffmt(x, spec: str) -> str:
+    """format(x, spec), or a dash as wide as the spec asks when there is no value."""
+    width = spec.split(".")[0]
+    return "-".rjust(int(width) if width.isdigit() else 1) if x is None else format(x, spec)
+
+
+def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
+    methods = meta["methods"]
+    ok = [r for r in runs if r.get("ok")]
+    if ok:
+        over = [r["wall_s"] - sum(r["step_s"]) for r in ok]
+        print(
+            f"\nper process: wall {statistics.median([r['wall_s'] for r in ok]):.1f} s median, of which "
+            f"{statistics.median(over):.1f} s outside the training steps (imports "
+            f"{statistics.median([r['import_s'] for r in ok]):.1f}, build "
+            f"{statistics.median([r['build_s'] for r in ok]):.1f}, apply "
+            f"{statistics.median([r['apply_s'] for r in ok]):.1f}); total {meta['wall_s']:.0f} s for {len(runs)} "
+            f"processes ({'spawned' if meta['spawn'] else 'forked'})"
+        )
+    plans = {(r["model"], r["tokens"], r["method"]): r.get("flce_plan") for r in ok if r.get("flce_plan")}
+    for (model, tokens, method), plan in sorted(plans.items()):
+        print(f"  FLCE plan {model} T{tokens} {method}: {plan}")
+    for r in runs:
+        if not r.get("ok"):
+            print(
+                f"  ERROR {r['model']} L{r['layers']} T{r['tokens']} {r['method']} r{r['repeat']}: "
+                f"{r.get('error', '')[:140]}"
+            )
+    print(f"\n{meta['title']}")
+    print(
+        f"tok/s: mean of {meta['repeats']} process(es), median step after {meta['warmup']} of {meta['steps']}; "
+        f"peak: max allocated GiB; targets: {TARGETS}"
+    )
+    head = f"{'model':<6}{'L':>2}{'tokens':>7} |" + "".join(f"{m:>8}" for m in methods)
+    head += f" |{'ours/hf':>8}{'ours/lk':>8}{'tp/hf':>7}{'tp/lk':>7} | peak GiB" + "".join(
+        f"{m:>8}" for m in methods
+    )
+    head += f" |{'max|dL|':>8} | targets"
+    print(head)
+    for row in rows:
+        ms = row["methods"]
+        line = f"{row['model']:<6}{row['layers']:>2}{row['tokens']:>7} |"
+        line += "".join(f"{kfmt(ms.get(m, {}).get('tps')):>8}" for m in methods)
+        r = row["ratios"]
+        line += (
+            f" |{ffmt(r['ours/hf'], '8.3f')}{ffmt(r['ours/liger'], '8.3f')}{ffmt(r['tp/hf'], '7.3f')}"
+            f"{ffmt(r['tp/liger'], '7.3f')} |         "
+        )
+        line += "".join(f"{ffmt(ms.get(m, {}).get('peak'), '8.2f'):>8}" for m in methods)
+        dl = max((m.get("max_dloss_vs_hf", 0.0) for m in ms.values()), default=None)
+        line += f" |{ffmt(dl, '8.1e')} | "
+        line += " ".join(
+            f"{k}:{'?' if v is None else 'met' if v else 'MISSED'}" for k, v in row["targets"].items()
+        )
+        print(line)
+    flat = [v for row in rows for v in row["targets"].values()]
+    print(
+        f"targets: {sum(1 for v in flat if v)} met, {sum(1 for v in flat if v is False)} MISSED, "
+        f"{sum(1 for v in flat if v is None)} not evaluable; json: {meta['json']}; png: {meta['png']}"
+    )
+
+
+def plot(rows: list[dict], methods: list[str], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"not drawn ({exc})"
+    n = len(rows)
+    grid = math.ceil(n / 4)
+    fig = plt.figure(figsize=(18, 5 + 3.2 * grid))
+    gs = fig.add_gridspec(1 + grid, 4)
+    labels = [f"{r['model']}\nL{r['layers']} T{r['tokens']}" for r in rows]
+    width = 0.8 / max(len(methods), 1)
+    for j, (key, title) in enumerate((("tps", "tokens/s"), ("peak", "peak allocated GiB"))):
+        ax = fig.add_subplot(gs[0, 2 * j : 2 * j + 2])
+        for k, m in enumerate(methods):
+            vals = [row["methods"].get(m, {}).get(key) or 0.0 for row in rows]
+            ax.bar([i + k * width for i in range(n)], vals, width, label=m)
+        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(n)], labels, fontsize=7)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    for i, row in enumerate(rows):
+        ax = fig.add_subplot(gs[1 + i // 4, i % 4])
+        for m in methods:
+            losses = row["methods"].get(m, {}).get("losses")
+            if losses:
+                ax.plot(range(1, len(losses) + 1), losses, marker=".", label=m)
+        ax.set_title(labels[i].replace("\n", " "), fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return str(path)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.child is not None:
+        child_main(json.loads(args.child), args.result)
+        return 0
+    if args.out is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from common import out_dir
+
+        out = out_dir()
+    else:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    runs = drive(args)
+    rows = summarise(runs)
+    methods = args.methods.split(",")
+    stem = "bench_e2e_smoke" if args.cpu_smoke else "bench_e2e"
+    env = next((r["env"] for r in runs if "env" in r), {})
+    title = (
+        f"training step (fwd, bwd, AdamW), {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}, SDPA, batch "
+        f"{args.batch}; {env.get('device', 'cpu')}, torch {env.get('torch')}, transformers "
+        f"{env.get('transformers')}"
+    )
+    meta = {
+        "title": title,
+        "methods": methods,
+        "repeats": args.repeats,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "spawn": args.spawn,
+        "wall_s": time.perf_counter() - start,
+        "env": env,
+        "args": vars(args),
+    }
+    try:
+        meta["png"] = plot(rows, methods, out / f"{stem}.png")
+    except Exception as exc:  # noqa: BLE001 - a plotting failure must not cost the table
+        meta["png"] = f"not drawn ({type(exc).__name__}: {exc})"
+    meta["json"] = str(out / f"{stem}.json")
+    Path(meta["json"]).write_text(
+        json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1, default=str)
+    )
+    print_table(rows, runs, meta)
+    return 0 if any(r.get("ok") for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
