@@ -19,21 +19,25 @@ def _act_and_grad(a, b, limit, alpha, KIND: tl.constexpr):
     if KIND == 0:
         sig = tl.sigmoid(a)
         act = a * sig
-        return act * b, b * sig * (1.0 + a * (1.0 - sig)), act
+        y = act * b
+        da = b * sig * (1.0 + a * (1.0 - sig))
+        db = act
     elif KIND == 1:
         t = tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
         act = 0.5 * a * (1.0 + t)
         dact = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * a * a)
-        return act * b, b * dact, act
-    else:
+        y = act * b
+        da = b * dact
+        db = act
+    else:  # GPT-OSS: gate clamped above, up clamped both ways (gradients pass where the clamp is inactive)
         g = tl.minimum(a, limit)
         u = tl.minimum(tl.maximum(b, -limit), limit)
         sig = tl.sigmoid(g * alpha)
         glu = g * sig
-        dglu = sig + g * alpha * sig * (1.0 - sig)
-        da = tl.where(a <= limit, (u + 1.0) * dglu, 0.0)
+        y = (u + 1.0) * glu
+        da = tl.where(a <= limit, (u + 1.0) * (sig + g * alpha * sig * (1.0 - sig)), 0.0)
         db = tl.where((b >= -limit) & (b <= limit), glu, 0.0)
-        return (u + 1.0) * glu, da, db
+    return y, da, db
 
 
 @triton.jit

@@ -191,7 +191,8 @@ def rope_variant_apply(
     block_i = triton.next_power_of_2(half)
     block_qh = triton.next_power_of_2(max(n_qh, 1))
     block_kh = triton.next_power_of_2(max(n_kh, 1))
-    tile = (block_qh + block_kh) * block_i
+    block_p = triton.next_power_of_2(max(n_pass, 1))
+    tile = (block_qh + block_kh) * (block_i + (block_p if n_pass else 0))
     _rope_variant_kernel[(bsz * seq,)](
         q,
         q.stride(0),
@@ -226,7 +227,7 @@ def rope_variant_apply(
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
         BLOCK_I=block_i,
-        BLOCK_P=triton.next_power_of_2(max(n_pass, 1)),
+        BLOCK_P=block_p,
         HAS_PASS=n_pass > 0,
         BACKWARD=backward,
         num_warps=8 if tile >= 4096 else 4,
