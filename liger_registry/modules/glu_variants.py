@@ -15,6 +15,18 @@ def gate_up_mlp_forward(kind: str, gate_up: str = "gate_up_proj", down: str = "d
     return forward
 
 
+def experts_apply_gate(kind: str):
+    """``_apply_gate`` of the transformers experts with a fused ``gate_up_proj`` (the default one of
+    ``integrations.moe``: ``act_fn(gate) * up`` after ``chunk(2, -1)``), which the batched_mm / grouped_mm
+    experts implementations call between the expert GEMMs (qwen2_moe, qwen3_moe, qwen3_5_moe, mixtral, ...;
+    their eager loop inlines the split and is not served by this)."""
+
+    def apply_gate(self, gate_up):
+        return glu_fused(gate_up, kind)
+
+    return apply_gate
+
+
 def gpt_oss_apply_gate(self, gate_up):
     """``GptOssExperts._apply_gate``: every experts implementation of transformers (eager loop, batched and
     grouped mm) calls it between the expert GEMMs, which stay as they are."""

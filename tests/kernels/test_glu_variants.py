@@ -96,6 +96,26 @@ def test_gate_up_mlp_matches_family(backend, cls, config_cls, act, kind):
         )
 
 
+@pytest.mark.parametrize("act,kind", [("silu", "swiglu"), ("gelu_pytorch_tanh", "geglu")])
+def test_experts_apply_gate_matches_default(backend, act, kind):
+    from transformers.integrations.moe import _default_apply_gate
+
+    experts = types.SimpleNamespace(act_fn=ACT2FN[act])
+    for dtype in _dtypes(backend):
+        gate_up = (torch.randn(9, 2 * INTER, generator=_g(2)) * 2).to(dtype).requires_grad_()
+        ref = _default_apply_gate(experts, gate_up)
+        out = dropin.experts_apply_gate(kind)(experts, gate_up)
+        g = torch.randn(ref.shape, generator=_g(3)).to(dtype)
+        grads = [torch.autograd.grad(t, gate_up, g)[0] for t in (ref, out)]
+        _compare(
+            f"moe._default_apply_gate {act} {str(dtype)[6:]}",
+            backend,
+            (ref, grads[0]),
+            (out, grads[1]),
+            dtype,
+        )
+
+
 @pytest.mark.parametrize("limit,alpha", [(7.0, 1.702), (0.5, 1.0)])
 def test_clamped_swiglu_matches_gpt_oss(backend, limit, alpha):
     experts = types.SimpleNamespace(limit=limit, alpha=alpha)
