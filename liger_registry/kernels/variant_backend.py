@@ -33,4 +33,7 @@ _OPS = {
 
 def variant_backend(op_name: str, *tensors: torch.Tensor) -> str:
     """``"triton"`` or ``"torch"`` for a call of ``op_name`` on these tensors."""
-    return _OPS[op_name].choose(*tensors)
+    op = _OPS[op_name]
+    if hasattr(op, "decide"):  # the Op of the dispatch refactor (branch ``kernels``) decides with reasons
+        return op.decide(*tensors)[0]
+    return op.choose(*tensors)
