@@ -1,0 +1,78 @@
+"""Fused residual add + RMSNorm: ``(residual + x, rmsnorm(residual + x))`` in one kernel, forward and backward.
+
+A decoder layer computes ``hidden = residual + hidden`` and then normalises it (the next norm's input is the
+new residual). Fused, the sum is written once and read once. Casting modes as :func:`kernels.rms_norm`:
+``llama`` (``LlamaRMSNorm``: the normalised sum is cast to its dtype, then times the weight) and ``gemma``
+(``Gemma3RMSNorm`` with ``offset=1``: all in fp32, ``* (offset + weight)``, cast at the end).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .variant_backend import variant_backend
+
+try:  # the kernels refactor renames reference.py to torch_impl.py; either side of that merge works
+    from .torch_impl import rms_norm_torch
+except ImportError:
+    from .reference import rms_norm_torch
+
+try:
+    from . import triton_add_rms_norm as _tk
+except ImportError:  # pragma: no cover - no triton: torch only
+    _tk = None
+
+ADD_RMS_MODES = ("llama", "gemma")
+
+
+def add_rms_norm_torch(x, residual, weight, eps: float, offset: float = 0.0, casting_mode: str = "llama"):
+    """PyTorch implementation: the eager add, then the RMSNorm of the casting mode."""
+    s = residual + x
+    return s, rms_norm_torch(s, weight, eps, offset, casting_mode)
+
+
+class AddRMSNormFunction(torch.autograd.Function):
+    """Triton forward and backward of the fused add + RMSNorm; saves the sum, the weight and 1/rms per row."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps: float, offset: float, casting_mode: str):
+        s, y, rstd = _tk.add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.args = (offset, casting_mode)
+        ctx.dtypes = (x.dtype, residual.dtype)
+        ctx.set_materialize_grads(False)
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        s, weight, rstd = ctx.saved_tensors
+        need_dw = ctx.needs_input_grad[2]
+        if ds is None and dy is None:
+            return None, None, None, None, None, None
+        d, dw = _tk.add_rms_norm_bwd(dy, ds, s, weight, rstd, *ctx.args, need_dw)
+        if need_dw and dw is None:
+            dw = torch.zeros_like(weight)
+        # as autograd's own add does, x and residual receive the same gradient tensor
+        return d.to(ctx.dtypes[0]), d.to(ctx.dtypes[1]), dw, None, None, None
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(residual + x, rmsnorm(residual + x))`` with the norm's weight, epsilon, offset and casting mode."""
+    if casting_mode not in ADD_RMS_MODES:
+        raise ValueError(
+            f"add_rms_norm: casting_mode={casting_mode!r}; expected one of {', '.join(ADD_RMS_MODES)}"
+        )
+    if x.shape != residual.shape:
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"add_rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
+    if variant_backend("add_rms_norm", x, residual, weight) == "triton":
+        return AddRMSNormFunction.apply(x, residual, weight, float(eps), float(offset), casting_mode)
+    return add_rms_norm_torch(x, residual, weight, eps, offset, casting_mode)

@@ -1,0 +1,140 @@
+"""Triton gated activations read straight from a fused gate_up projection (no split copy): SwiGLU / GeGLU over
+[gate | up] halves, GPT-OSS's clamped SwiGLU over interleaved (gate, up) pairs, and relu² elementwise."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_utils import contiguous_rows, tanh
+
+SILU, GELU_TANH, CLAMPED = 0, 1, 2
+_KINDS = {"swiglu": SILU, "geglu": GELU_TANH, "clamped_swiglu": CLAMPED}
+
+
+@triton.jit
+def _act_and_grad(a, b, limit, alpha, KIND: tl.constexpr):
+    """The gated value f(a, b) and its partial derivatives (d/da, d/db), in fp32."""
+    if KIND == 0:
+        sig = tl.sigmoid(a)
+        act = a * sig
+        y = act * b
+        da = b * sig * (1.0 + a * (1.0 - sig))
+        db = act
+    elif KIND == 1:
+        t = tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+        act = 0.5 * a * (1.0 + t)
+        dact = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * a * a)
+        y = act * b
+        da = b * dact
+        db = act
+    else:  # GPT-OSS: gate clamped above, up clamped both ways (gradients pass where the clamp is inactive)
+        g = tl.minimum(a, limit)
+        u = tl.minimum(tl.maximum(b, -limit), limit)
+        sig = tl.sigmoid(g * alpha)
+        glu = g * sig
+        y = (u + 1.0) * glu
+        da = tl.where(a <= limit, (u + 1.0) * (sig + g * alpha * sig * (1.0 - sig)), 0.0)
+        db = tl.where((b >= -limit) & (b <= limit), glu, 0.0)
+    return y, da, db
+
+
+@triton.jit
+def _gate_up_fwd_kernel(
+    GU, stride_gu, OUT, stride_o, n_cols, limit, alpha,
+    UP_OFF: tl.constexpr, STEP: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    src = GU + row * stride_gu + cols * STEP
+    a = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(src + UP_OFF, mask=mask, other=0.0).to(tl.float32)
+    y, _, _ = _act_and_grad(a, b, limit, alpha, KIND)
+    tl.store(OUT + row * stride_o + cols, y.to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gate_up_bwd_kernel(
+    DOUT, stride_do, GU, stride_gu, DGU, stride_dgu, n_cols, limit, alpha,
+    UP_OFF: tl.constexpr, STEP: tl.constexpr, KIND: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    src = GU + row * stride_gu + cols * STEP
+    a = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(src + UP_OFF, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DOUT + row * stride_do + cols, mask=mask, other=0.0).to(tl.float32)
+    _, da, db = _act_and_grad(a, b, limit, alpha, KIND)
+    dst = DGU + row * stride_dgu + cols * STEP
+    tl.store(dst, (dy * da).to(DGU.dtype.element_ty), mask=mask)
+    tl.store(dst + UP_OFF, (dy * db).to(DGU.dtype.element_ty), mask=mask)
+
+
+BLOCK = 1024
+
+
+def _geometry(gate_up: torch.Tensor, kind: str):
+    gu = contiguous_rows(gate_up)
+    n_rows, width = gu.shape
+    n_cols = width // 2
+    interleaved = kind == "clamped_swiglu"
+    up_off, step = (1, 2) if interleaved else (n_cols, 1)
+    block = min(BLOCK, triton.next_power_of_2(max(n_cols, 16)))
+    return gu, n_rows, n_cols, up_off, step, block
+
+
+def gate_up_fwd(gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0) -> torch.Tensor:
+    """act(gate) * up of a [..., 2I] gate_up tensor, result [..., I]; ``clamped_swiglu`` reads interleaved
+    (gate, up) pairs, the others a [gate | up] split."""
+    gu, n_rows, n_cols, up_off, step, block = _geometry(gate_up, kind)
+    out = torch.empty((n_rows, n_cols), dtype=gate_up.dtype, device=gate_up.device)
+    if out.numel():
+        grid = (n_rows, triton.cdiv(n_cols, block))
+        _gate_up_fwd_kernel[grid](
+            gu, gu.stride(0), out, out.stride(0), n_cols, float(limit), float(alpha),
+            UP_OFF=up_off, STEP=step, KIND=_KINDS[kind], BLOCK=block, num_warps=4,
+        )  # fmt: skip
+    return out.view(*gate_up.shape[:-1], n_cols)
+
+
+def gate_up_bwd(dout: torch.Tensor, gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0):
+    """The gradient of :func:`gate_up_fwd` with respect to gate_up, one [..., 2I] tensor."""
+    gu, n_rows, n_cols, up_off, step, block = _geometry(gate_up, kind)
+    do = contiguous_rows(dout)
+    dgu = torch.empty((n_rows, 2 * n_cols), dtype=gate_up.dtype, device=gate_up.device)
+    if dgu.numel():
+        grid = (n_rows, triton.cdiv(n_cols, block))
+        _gate_up_bwd_kernel[grid](
+            do, do.stride(0), gu, gu.stride(0), dgu, dgu.stride(0), n_cols, float(limit), float(alpha),
+            UP_OFF=up_off, STEP=step, KIND=_KINDS[kind], BLOCK=block, num_warps=4,
+        )  # fmt: skip
+    return dgu.view(gate_up.shape)
+
+
+@triton.jit
+def _relu_sq_kernel(X, DY, OUT, n, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    r = tl.maximum(tl.load(X + offs, mask=mask, other=0.0).to(tl.float32), 0.0)
+    if BACKWARD:
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+        y = 2.0 * r * dy
+    else:
+        y = r * r
+    tl.store(OUT + offs, y.to(OUT.dtype.element_ty), mask=mask)
+
+
+def relu_squared_apply(x: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor:
+    """``relu(x) ** 2`` or, given ``dy``, its gradient ``2 * relu(x) * dy``."""
+    x = x.contiguous()
+    dy = x if dy is None else dy.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        _relu_sq_kernel[(triton.cdiv(n, BLOCK),)](
+            x, dy, out, n, BACKWARD=dy is not x, BLOCK=BLOCK, num_warps=4
+        )
+    return out

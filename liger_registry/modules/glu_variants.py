@@ -1,0 +1,38 @@
+"""Module forwards and methods for the fused gate_up MLPs, GPT-OSS's clamped experts gate and relu²."""
+
+from __future__ import annotations
+
+from liger_registry.kernels.glu_variants import glu_fused, relu_squared, swiglu_clamped
+
+
+def gate_up_mlp_forward(kind: str, gate_up: str = "gate_up_proj", down: str = "down_proj"):
+    """Forward of an MLP with one fused ``gate_up_proj`` (gate = first half): ``Phi3MLP``, ``GlmMLP``,
+    ``Glm4MLP`` ``.forward``; the projections stay, the split and activation-times-up are one kernel."""
+
+    def forward(self, hidden_states):
+        return getattr(self, down)(glu_fused(getattr(self, gate_up)(hidden_states), kind))
+
+    return forward
+
+
+def experts_apply_gate(kind: str):
+    """``_apply_gate`` of the transformers experts with a fused ``gate_up_proj`` (the default one of
+    ``integrations.moe``: ``act_fn(gate) * up`` after ``chunk(2, -1)``), which the batched_mm / grouped_mm
+    experts implementations call between the expert GEMMs (qwen2_moe, qwen3_moe, qwen3_5_moe, mixtral, ...;
+    their eager loop inlines the split and is not served by this)."""
+
+    def apply_gate(self, gate_up):
+        return glu_fused(gate_up, kind)
+
+    return apply_gate
+
+
+def gpt_oss_apply_gate(self, gate_up):
+    """``GptOssExperts._apply_gate``: every experts implementation of transformers (eager loop, batched and
+    grouped mm) calls it between the expert GEMMs, which stay as they are."""
+    return swiglu_clamped(gate_up, self.limit, self.alpha)
+
+
+def relu_squared_forward(self, input):
+    """``ReLUSquaredActivation.forward`` (``ACT2FN["relu2"]``, nemotron's MLP activation)."""
+    return relu_squared(input)

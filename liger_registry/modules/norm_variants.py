@@ -1,0 +1,10 @@
+"""Module forwards for the norm variants: nemotron's LayerNorm1P on the fused LayerNorm kernel."""
+
+from __future__ import annotations
+
+from liger_registry.kernels.norm_variants import layer_norm_1p
+
+
+def layer_norm_1p_forward(self, input):
+    """``NemotronLayerNorm1P.forward``: ``layer_norm(input, weight + 1, bias, eps)``."""
+    return layer_norm_1p(input, self.weight, self.bias, self.eps)
