@@ -13,16 +13,18 @@ a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). 
 * tokens (``c`` rows, ``ceil(BT / c)`` chunks): logits GEMM [c, V] <- [c, H] [H, V]; the row kernel reads the
   chunk twice and writes its gradient (3 c V s); dX GEMM [c, H] <- [c, V] [V, H]; dW GEMM [V, H] <- [V, c] [c, H]
   plus, after the first chunk, the read of the dW accumulator (the read-modify-write: V H s_acc).
-* vocab (``w`` columns, ``ceil(V / w)`` chunks, all BT rows): the logits GEMM twice [BT, w] <- [BT, H] [H, w];
-  the statistics pass reads the chunk (BT w s), the gradient pass reads and writes it (2 BT w s); dX GEMM
+* vocab (``w`` columns, ``ceil(V / w)`` chunks, all BT rows): pass 1 the logits GEMM [BT, w/2] <- [BT, H] [H, w/2]
+  with fp32 output (the same bytes) and the statistics pass reading it (BT w/2 4); pass 2 the logits GEMM again
+  [BT, w] in the input dtype, the gradient pass reads and writes it (2 BT w s); dX GEMM
   [BT, H] <- [BT, w] [w, H] with an fp32 output plus the fp32 accumulator's read (BT H 4, GEMM epilogue rate);
   dW GEMM [w, H] <- [w, BT] [BT, H] written once.
 
 Calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table).
 Llama-3 (H=4096 V=128256) at BT 2048 / 4096 / 8192 / 16384: tokens 46.6 / 47.6 / 54.2 / 92.6 ms predicted vs
-45.3 / 45.2 / 55.1 / 90.7 measured; vocab 13.2 / 26.3 / 52.6 / 105.2 vs the lower bound 13.8 / 27.5 / 53.9 /
+45.3 / 45.2 / 55.1 / 90.7 measured; vocab 13.6 / 27.1 / 54.2 / 108.3 vs the lower bound 13.8 / 27.5 / 53.9 /
 108.3. GPT-OSS (H=2880 V=201088): tokens 102.6 / 104.1 / 107.0 / 128.1 vs 101.9 / 103.9 / 108.8 / 124.5;
-vocab 15.9 / 31.7 / 63.5 / 126.9 vs 17.6 / 31.8 / 63.6 / 126.0 (BT 16384 is a tie within 1.5% both ways).
+vocab 16.1 / 32.2 / 64.4 / 128.8 vs 17.6 / 31.8 / 63.6 / 126.0. Llama BT 8192 is a tie (54.2 / 54.2
+predicted, 55.1 / 53.9 measured), as is GPT-OSS BT 16384 (128.1 / 128.8; 124.5 / 126.0).
 C=8 tokens: 11.3 / 20.9 / 40.1 / 78.5 vs 11.5 / 21.6 / 41.3 / 79.4. fp32 GEMMs (no TF32) run at ``F / 10``.
 """
 
@@ -130,15 +132,23 @@ def vocab_ms(bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePe
         return 0.0
     mach = _Machine.of(peaks, itemsize)
     s = itemsize
+    s1 = max(s, 4)  # pass 1 writes fp32 logits (cuBLAS out_dtype) in half-width chunks of the same bytes
 
-    def one(w: int) -> float:
+    def first(w: int) -> float:
+        return mach.gemm(bt, w, h, s, s1) + mach.stream(bt * w * s1)
+
+    def second(w: int) -> float:
         return (
-            2 * mach.gemm(bt, w, h, s)
-            + mach.stream(3 * bt * w * s)
+            mach.gemm(bt, w, h, s)
+            + mach.stream(2 * bt * w * s)
             + mach.gemm(bt, h, w, s, 4)
             + mach.stream(bt * h * 4, mach.gemm_bw)
             + mach.gemm(w, h, bt, s)
         )
 
-    full, rest = divmod(v, chunk)
-    return (full * one(chunk) + (one(rest) if rest else 0.0)) * 1e3
+    return (_over(v, max(chunk * s // s1, 1), first) + _over(v, chunk, second)) * 1e3
+
+
+def _over(v: int, width: int, cost) -> float:
+    full, rest = divmod(v, width)
+    return full * cost(width) + (cost(rest) if rest else 0.0)

@@ -119,7 +119,8 @@ def test_flce_never_materialises_full_logits(monkeypatch):
     K.fused_linear_cross_entropy(hidden, weight, target, strategy="vocab").backward()
     plan = K.flce_plan(64, 16, 50, strategy="vocab", dtype=torch.float32)
     assert plan.strategy == "vocab" and plan.num_chunks > 1
-    assert (64 * plan.chunk_vocab,) in seen and (64, 50) not in seen and (64 * 50,) not in seen
+    assert (64 * plan.chunk_vocab * 4,) in seen  # the one buffer, in bytes
+    assert (64, 50) not in seen and (64 * 50,) not in seen and (64 * 50 * 4,) not in seen
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

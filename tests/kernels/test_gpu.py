@@ -381,19 +381,22 @@ def test_flce_strategies_vs_float64(inputs):
         assert 1.0 < ref.item() < 3.5
 
 
-def test_flce_vocab_fp32_accumulation_paths_agree(monkeypatch):
-    """dX accumulated by cuBLAS in fp32 (addmm out_dtype, when this torch has it) vs upcast operands."""
+def test_flce_vocab_fp32_paths_agree(monkeypatch):
+    """fp32 logits of pass 1 and dX accumulated by cuBLAS in fp32 (``out_dtype``, when this torch has it) vs
+    the fallback (16-bit logits, upcast operands): both right, the fp32 path's loss within 1e-5 of float64."""
     from liger_registry.kernels import flce_vocab
 
-    hidden, weight, target = _llama_head("random", bt=1024, h=1024, v=32000)
-    results = []
-    for has in (flce_vocab._has_out_dtype("cuda"), False):
-        monkeypatch.setattr(flce_vocab, "_has_out_dtype", lambda _t, has=has: has)
+    hidden, weight, target = _llama_head("peaked", bt=1024, h=1024, v=32000)
+    h64, w64 = _leaf(hidden, torch.float64), weight.double()
+    ref = F.cross_entropy(h64 @ w64.t(), target)
+    (r,) = torch.autograd.grad(ref, h64)
+    has = flce_vocab._has_out_dtype("cuda")
+    for path in (has, False):
+        monkeypatch.setattr(flce_vocab, "_has_out_dtype", lambda _t, path=path: path)
         h = _leaf(hidden, torch.bfloat16)
         out = K.fused_linear_cross_entropy(h, weight, target, strategy="vocab", max_chunk_mib=4)
-        results.append((out, torch.autograd.grad(out, h)[0]))
-    (l1, d1), (l2, d2) = results
-    torch.testing.assert_close(l1, l2)
-    h64, w64 = _leaf(hidden, torch.float64), weight.double()
-    (r,) = torch.autograd.grad(F.cross_entropy(h64 @ w64.t(), target), h64)
-    assert _rel(d1, d2) < 5e-3 and _rel(d1, r) < 1e-2 and _rel(d2, r) < 1e-2
+        (d,) = torch.autograd.grad(out, h)
+        print(
+            f"[gpu-check] vocab out_dtype={path} loss rel {_rel(out, ref):.2e} d_hidden rel {_rel(d, r):.2e}"
+        )
+        assert _rel(out, ref) < (1e-5 if path else 1e-3) and _rel(d, r) < 1e-2
