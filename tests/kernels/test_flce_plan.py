@@ -47,7 +47,7 @@ def test_planner_picks_vocab_at_2k_and_tokens_at_16k_tokens():
     large = K.flce_plan(16384, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200")
     assert small.strategy == "vocab" and "predicted vocab" in small.why
     assert large.strategy == "tokens" and "predicted tokens" in large.why
-    assert small.chunk_tokens == 2048 and small.chunk_vocab % 128 == 0
+    assert small.chunk_tokens == 2048 and small.chunk_vocab % 8 == 0
     assert small.num_chunks == -(-LLAMA[1] // small.chunk_vocab)
     # the same on the default figures (a CPU-only machine plans for a generic GPU)
     assert K.flce_plan(2048, *LLAMA, gpu=None).strategy == "vocab"
@@ -69,7 +69,10 @@ def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape):
         assert plan.chunk_vocab == shape[1] and plan.num_chunks == -(-bt // plan.chunk_tokens)
     else:
         assert plan.chunk_tokens == bt and plan.num_chunks == -(-shape[1] // plan.chunk_vocab)
-        assert plan.chunk_vocab == shape[1] or plan.chunk_vocab % 128 == 0
+        if plan.chunk_vocab < shape[1]:
+            assert plan.chunk_vocab % 8 == 0 and plan.chunk_vocab >= 128
+            widest = int(plan.budget_mib * 2**20 // (bt * 2)) // 8 * 8  # even chunks: no fewer would fit
+            assert plan.num_chunks == -(-shape[1] // widest)
     if strategy != "auto" and plan.strategy != strategy:
         assert "infeasible" in plan.why
 
@@ -77,3 +80,19 @@ def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape):
 def test_vocab_infeasible_falls_back_to_tokens_and_says_why():
     plan = K.flce_plan(65536, *LLAMA, max_chunk_mib=3, strategy="vocab")
     assert plan.strategy == "tokens" and "vocab infeasible" in plan.why and "65536 rows" in plan.why
+
+
+@pytest.mark.parametrize(
+    "bt,shape,c,width,n",
+    [
+        (8192, LLAMA, 1, 4008, 32),  # the C=1 budget is 256 x V rows = 32 x 4008 columns x 8192 rows
+        (2048, LLAMA, 1, 4008, 32),
+        (16384, LLAMA, 1, 4008, 32),
+        (2048, (2880, 201088), 1, 3096, 65),
+        (8192, (2880, 201088), 8, 25136, 8),
+    ],
+)
+def test_vocab_chunks_are_even(bt, shape, c, width, n):
+    plan = K.flce_plan(bt, *shape, chunk_mem_const=c, strategy="vocab")
+    assert (plan.chunk_vocab, plan.num_chunks) == (width, n)
+    assert (n - 1) * width < shape[1] <= n * width and plan.buffer_mib <= plan.budget_mib
