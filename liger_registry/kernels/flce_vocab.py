@@ -2,9 +2,11 @@
 
 Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the buffer), the row-statistics kernel
 folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
-(16-bit logits: with the exact fp32 target logit of ``flce_target``) and gradient factors. Pass 2 (only when a gradient is needed): recompute ``logits_c``, overwrite the buffer with
-its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation), ``dW[c] = g^T @ X`` written once (no
-read-modify-write: ``accum_dtype`` changes nothing here), ``db[c] = g.sum(0)``. No host sync inside the loops.
+(16-bit logits: with the exact fp32 target logit of ``flce_target``) and gradient factors. Pass 2 (only when a
+gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not the last chunk's, still in the
+buffer), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
+``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
+``db[c] = g.sum(0)``. No host sync inside the loops.
 """
 
 from __future__ import annotations
@@ -110,8 +112,12 @@ def _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw,
     out_dtype_ok = _has_out_dtype(device.type)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=device) if need_dw else None
     db = torch.empty(v, dtype=torch.float32, device=device) if need_db else None
-    for i, (s, e) in enumerate(spans):
-        buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e])
+    # in reverse: the last chunk's logits are still in the buffer (the statistics kernel only reads them)
+    for i, (s, e) in enumerate(reversed(spans)):
+        if i == 0:
+            buf = buf_flat[: n * (e - s)].view(n, e - s)
+        else:
+            buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e])
         grad_inplace(buf, s, target, coefs, **kw)
         if acc is not None:
             accumulate_fp32(acc, buf, w_dt[s:e], i == 0, out_dtype_ok)

@@ -243,3 +243,26 @@ def test_bf16_loss_within_1e5_of_float64(inputs, strategy):
         assert abs(rounded / ref - 1) > 2e-5  # what the exact target logit must fix
     out = K.fused_linear_cross_entropy(hidden, weight, target, strategy=strategy, max_chunk_mib=2)
     assert abs(out.double() / ref - 1) < 1e-5, (out.item(), ref.item(), rounded.item())
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_vocab_pass_two_reuses_the_last_chunk(monkeypatch, bias):
+    """Pass 2 runs the chunks in reverse and starts from the logits pass 1 left in the buffer: 2k - 1 logits
+    GEMMs for k chunks (k without a gradient), and the same result."""
+    from liger_registry.kernels import flce_vocab
+
+    hidden, weight, target, b = _inputs(n=64, h=16, v=50, bias=bias)
+    calls = []
+    real = flce_vocab._logits
+    monkeypatch.setattr(flce_vocab, "_logits", lambda *a: calls.append(a[2].shape[0]) or real(*a))
+    k = K.flce_plan(64, 16, 50, strategy="vocab", dtype=torch.float32).num_chunks
+    detached = [None if t is None else t.detach() for t in (hidden, weight, b)]
+    K.fused_linear_cross_entropy(detached[0], detached[1], target, detached[2], strategy="vocab")
+    assert k > 2 and len(calls) == k
+    calls.clear()
+    loss = K.fused_linear_cross_entropy(hidden, weight, target, b, strategy="vocab")
+    got = _grads(loss, [hidden, weight, b])
+    assert len(calls) == 2 * k - 1
+    ref, _ = flce_reference(hidden, weight, target, b)
+    for a, e in zip(got, _grads(ref, [hidden, weight, b]), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
