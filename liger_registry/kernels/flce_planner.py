@@ -76,12 +76,19 @@ class FlcePlan:
 def _tokens_chunk(
     bt: int, h: int, v: int, itemsize: int, chunk_mem_const: int | None, budget: float
 ) -> int | None:
-    """Today's geometry under a chunk_mem_const budget; under a MiB budget the largest power of two of rows
-    whose logits fit (capped at BT). None when not even one row fits."""
+    """Today's geometry under a chunk_mem_const budget; under a MiB budget the largest multiple of
+    :data:`ROW_MULTIPLE` rows whose logits fit (fewer than that: the largest power of two), capped at BT. None
+    when not even one row fits."""
     if chunk_mem_const is not None:
         return flce_chunk_geometry(bt, h, v, chunk_mem_const)[0]
     rows = int(budget // (v * itemsize))
-    return min(_prev_pow2(rows), bt) if rows >= 1 else None
+    if rows < 1:
+        return None
+    return min(rows // ROW_MULTIPLE * ROW_MULTIPLE if rows >= ROW_MULTIPLE else _prev_pow2(rows), bt)
+
+
+# row multiple of a token chunk under a MiB budget (a GEMM tile: GPT-OSS 512 MiB -> 1280 rows, not 1024)
+ROW_MULTIPLE = 128
 
 
 def _vocab_chunk(bt: int, v: int, itemsize: int, budget: float, align: int) -> int | None:
@@ -190,8 +197,8 @@ def flce_plan(
 
     Budget of the logits buffer: ``max_chunk_mib`` MiB, else the C=``chunk_mem_const`` (default 1) token chunk's
     buffer ``chunk_tokens(C) * V * itemsize`` of :func:`flce_chunk_geometry`; no strategy exceeds it.
-    ``tokens`` with a chunk_mem_const budget is today's geometry exactly; with a MiB budget the largest power of
-    two of rows that fits. ``vocab``: all rows, V in the fewest even chunks (widths a multiple of 8, at least 128
+    ``tokens`` with a chunk_mem_const budget is today's geometry exactly; with a MiB budget the largest multiple
+    of 128 rows that fits. ``vocab``: all rows, V in the fewest even chunks (widths a multiple of 8, at least 128
     columns) that fit (infeasible -> tokens, said in ``why``). ``auto`` takes the cheaper by :mod:`flce_cost` on ``gpu`` (a CUDA device name;
     default: the current CUDA device, or the table's default row without CUDA).
     """

@@ -17,9 +17,16 @@ def test_forced_tokens_is_todays_geometry(c, chunk, n):
     assert plan.buffer_mib == pytest.approx(chunk * LLAMA[1] * 2 / 2**20) == plan.budget_mib
 
 
-def test_tokens_with_mib_budget_is_largest_power_of_two_within():
+def test_tokens_with_mib_budget_is_largest_multiple_of_128_within():
     plan = K.flce_plan(8192, *LLAMA, max_chunk_mib=512, strategy="tokens")
-    assert plan.chunk_tokens == 2048 and plan.buffer_mib <= 512 < 4096 * LLAMA[1] * 2 / 2**20
+    assert plan.chunk_tokens == 2048 and plan.buffer_mib <= 512 < 2176 * LLAMA[1] * 2 / 2**20
+    gpt = K.flce_plan(8192, 2880, 201088, max_chunk_mib=512, strategy="tokens")
+    assert (gpt.chunk_tokens, gpt.num_chunks) == (
+        1280,
+        7,
+    ) and gpt.buffer_mib <= 512 < 1408 * 201088 * 2 / 2**20
+    assert K.flce_plan(16384, 2880, 201088, max_chunk_mib=512, strategy="tokens").num_chunks == 13
+    assert K.flce_plan(8192, *LLAMA, max_chunk_mib=20, strategy="tokens").chunk_tokens == 64  # < 128 rows fit
     assert K.flce_plan(100, *LLAMA, max_chunk_mib=512, strategy="tokens").chunk_tokens == 100
     with pytest.raises(ValueError, match="smaller than one row"):
         K.flce_plan(100, *LLAMA, max_chunk_mib=0.1, strategy="tokens")
