@@ -103,3 +103,49 @@ def test_vocab_chunks_are_even(bt, shape, c, width, n):
     plan = K.flce_plan(bt, *shape, chunk_mem_const=c, strategy="vocab")
     assert (plan.chunk_vocab, plan.num_chunks) == (width, n)
     assert (n - 1) * width < shape[1] <= n * width and plan.buffer_mib <= plan.budget_mib
+
+
+# H200 run 1 of bench_flce (bf16 fwd + bwd ms, old vocab geometry 33 x 3968 / 66 x 3072 without the reuse)
+RUN1_VOCAB = {
+    (2048, LLAMA): 14.35,
+    (4096, LLAMA): 27.90,
+    (8192, LLAMA): 55.39,
+    (2048, (2880, 201088)): 16.92,
+    (4096, (2880, 201088)): 32.42,
+    (8192, (2880, 201088)): 63.22,
+    (16384, (2880, 201088)): 125.80,
+}
+RUN1_TOKENS = {(8192, LLAMA): 54.97, (16384, LLAMA): 90.67}
+
+
+@pytest.mark.parametrize("bt,shape", list(RUN1_VOCAB))
+def test_cost_model_reproduces_the_h200_vocab_timings(bt, shape, monkeypatch):
+    from liger_registry.kernels import flce_cost
+
+    monkeypatch.setattr(flce_cost, "REUSE_LAST_CHUNK", False)
+    old_width = 3968 if shape == LLAMA else 3072
+    peaks = flce_cost.peaks_for("NVIDIA H200")
+    ms = flce_cost.vocab_ms(bt, *shape, old_width, 2, peaks) - flce_cost.target_logit_ms(
+        bt, shape[0], 2, peaks
+    )
+    assert ms == pytest.approx(RUN1_VOCAB[bt, shape], rel=0.02)
+
+
+@pytest.mark.parametrize(
+    "bt,shape,pick",
+    [
+        (2048, LLAMA, "vocab"),
+        (4096, LLAMA, "vocab"),
+        (8192, LLAMA, "tokens"),  # measured 54.97 tokens vs 55.39 vocab: the faster one
+        (16384, LLAMA, "tokens"),
+        (2048, (2880, 201088), "vocab"),
+        (8192, (2880, 201088), "vocab"),
+        (16384, (2880, 201088), "vocab"),
+    ],
+)
+def test_planner_picks_the_faster_strategy_at_the_h200_points(bt, shape, pick):
+    plan = K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200")
+    assert plan.strategy == pick, plan
+    tokens = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="tokens", gpu="NVIDIA H200")
+    if (bt, shape) in RUN1_TOKENS:
+        assert tokens.predicted_ms == pytest.approx(RUN1_TOKENS[bt, shape], rel=0.025)
