@@ -48,6 +48,11 @@ def transform_logits(raw: torch.Tensor, softcap: float | None, logit_scale: floa
     return z
 
 
+def corrected_lse(lse: torch.Tensor, zy_rounded: torch.Tensor, zy_exact: torch.Tensor) -> torch.Tensor:
+    """``log(exp(lse) - exp(zy_rounded) + exp(zy_exact))``: the row's sum-exp with its target term exact."""
+    return lse + torch.log1p(torch.exp(zy_exact - lse) - torch.exp(zy_rounded - lse))
+
+
 def ce_rows_differentiable(
     logits: torch.Tensor,
     target: torch.Tensor,
@@ -98,8 +103,12 @@ def ce_rows_torch(
     scales: torch.Tensor | None = None,
     out: tuple | None = None,
     grad_out: torch.Tensor | None = None,
+    target_logit: torch.Tensor | None = None,
 ):
     """Loss rows of a logits chunk; with ``compute_grad`` the chunk is overwritten with d loss / d raw logits.
+
+    ``target_logit`` (fp32 [N], ``flce_target``): the exact transformed target logit, used instead of the chunk's
+    (rounded) one in the loss and in the row's lse.
 
     ``buf`` holds raw logits ``hidden @ W.T + b`` (any float dtype); the gradient of the ce term is scaled by
     ``ce_grad_scale``, that of the z term by ``z_grad_scale``, and each row by ``row_grad`` (if given).
@@ -112,6 +121,9 @@ def ce_rows_torch(
     lse = torch.logsumexp(z, dim=-1)
     argmax = z.argmax(-1)
     z_y = z.gather(1, safe[:, None]).squeeze(1)
+    if target_logit is not None:
+        lse = torch.where(valid, corrected_lse(lse, z_y, target_logit), lse)
+        z_y = target_logit
     eps = float(label_smoothing)
     if class_weights is None:
         w_y = torch.ones_like(lse)

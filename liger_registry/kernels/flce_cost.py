@@ -13,23 +13,29 @@ a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). 
 * tokens (``c`` rows, ``ceil(BT / c)`` chunks): logits GEMM [c, V] <- [c, H] [H, V]; the row kernel reads the
   chunk twice and writes its gradient (3 c V s); dX GEMM [c, H] <- [c, V] [V, H]; dW GEMM [V, H] <- [V, c] [c, H]
   plus, after the first chunk, the read of the dW accumulator (the read-modify-write: V H s_acc).
-* vocab (``w`` columns, ``ceil(V / w)`` chunks, all BT rows): pass 1 the logits GEMM [BT, w/2] <- [BT, H] [H, w/2]
-  with fp32 output (the same bytes) and the statistics pass reading it (BT w/2 4); pass 2 the logits GEMM again
-  [BT, w] in the input dtype, the gradient pass reads and writes it (2 BT w s); dX GEMM
-  [BT, H] <- [BT, w] [w, H] with an fp32 output plus the fp32 accumulator's read (BT H 4, GEMM epilogue rate);
-  dW GEMM [w, H] <- [w, BT] [BT, H] written once.
+* vocab (``w`` columns, ``ceil(V / w)`` chunks, all BT rows): pass 1 the logits GEMM [BT, w] <- [BT, H] [H, w]
+  and the statistics pass reading it (BT w s); pass 2 (in reverse, the last chunk's logits reused: one logits
+  GEMM fewer) the logits GEMM, the gradient pass reads and writes it (2 BT w s); dX GEMM [BT, H] <- [BT, w] [w, H]
+  with an fp32 output plus the fp32 accumulator's read and write (2 BT H 4); dW GEMM [w, H] <- [w, BT] [BT, H]
+  written once. Its GEMMs at ``VOCAB_GEMM_EFFICIENCY`` of ``F`` (no unaligned factor), ``VOCAB_PASS_OVERHEAD_S``
+  per chunk and pass.
+* both: the exact fp32 target logit (``flce_target``), one read of BT hidden and BT weight rows.
 
-Calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table).
-Llama-3 (H=4096 V=128256) at BT 2048 / 4096 / 8192 / 16384: tokens 46.6 / 47.6 / 54.2 / 92.6 ms predicted vs
-45.3 / 45.2 / 55.1 / 90.7 measured; vocab 13.6 / 27.1 / 54.2 / 108.3 vs the lower bound 13.8 / 27.5 / 53.9 /
-108.3. GPT-OSS (H=2880 V=201088): tokens 102.6 / 104.1 / 107.0 / 128.1 vs 101.9 / 103.9 / 108.8 / 124.5;
-vocab 16.1 / 32.2 / 64.4 / 128.8 vs 17.6 / 31.8 / 63.6 / 126.0. Llama BT 8192 is a tie (54.2 / 54.2
-predicted, 55.1 / 53.9 measured), as is GPT-OSS BT 16384 (128.1 / 128.8; 124.5 / 126.0).
-C=8 tokens: 11.3 / 20.9 / 40.1 / 78.5 vs 11.5 / 21.6 / 41.3 / 79.4. fp32 GEMMs (no TF32) run at ``F / 10``.
+Tokens calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table):
+Llama-3 (H=4096 V=128256) tokens at BT 2048 / 4096 / 8192 / 16384: 46.7 / 47.6 / 54.2 / 92.6 ms predicted vs
+45.3 / 45.2 / 55.1 / 90.7 measured (H200 run 1 of bench_flce: 54.97 at 8192, 90.67 at 16384); GPT-OSS
+(H=2880 V=201088): 102.6 / 104.1 / 107.0 / 128.2 vs 101.9 / 103.9 / 108.8 / 124.5. C=8 tokens: 11.3 / 20.9 /
+40.1 / 78.5 vs 11.5 / 21.6 / 41.3 / 79.4. fp32 GEMMs (no TF32) run at ``F / 10``.
+Vocab fitted on H200 run 1 (old geometry 33 x 3968 / 66 x 3072, no reuse): Llama 14.44 / 28.04 / 55.42 / 110.2
+predicted vs 14.35 / 27.90 / 55.39 / 116.58 measured, GPT-OSS 16.85 / 32.26 / 63.20 / 125.1 vs 16.92 / 32.42 /
+63.22 / 125.80. Today's geometry (32 x 4008 / 65 x 3096, reuse): Llama 14.31 / 27.80 / 54.95 / 109.3, GPT-OSS
+16.77 / 32.12 / 62.95 / 124.6 (-0.4 to -0.9%). Llama BT 8192 at C=1 is a near tie the model gives to tokens
+(54.20 vs 54.95; measured 54.97 vs 55.39 in the old geometry).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +63,15 @@ UNALIGNED = (
     0.93  # FLOP rate factor of a GEMM with a side not a multiple of 128 (GPT-OSS H=2880: floor 10.9 ms)
 )
 FP32_FLOPS_FRACTION = 0.1
+# vocab strategy, fitted on H200 run 1 (bench_flce, 33 x 3968 / 66 x 3072 chunks, bf16 pass 1; NOTES.md): its
+# [BT, ~4k] GEMMs run at 0.97 of the rate and GPT-OSS's H=2880 costs them nothing extra (the 0.93 is the
+# floor's), plus ~10 us per chunk and pass (launches, GEMM tails). Residuals: Llama 2048-8192 +0.7/+0.5/+0.1%,
+# GPT-OSS 2048-16384 -0.4/-0.5/0.0/-0.6%; Llama 16384 -5.5% (116.6 measured: unexplained, tokens wins there)
+VOCAB_GEMM_EFFICIENCY = 0.97
+VOCAB_PASS_OVERHEAD_S = 10e-6
+REUSE_LAST_CHUNK = (
+    True  # pass 2 starts from the last pass-1 chunk still in the buffer (one logits GEMM fewer)
+)
 
 
 def peaks_for(gpu_name: str | None) -> DevicePeaks:
@@ -90,12 +105,14 @@ class _Machine:
         flops = peaks.flops * (FP32_FLOPS_FRACTION if itemsize >= 4 else 1.0)
         return cls(flops, peaks.copy_bw * GEMM_BW_FRACTION, peaks.copy_bw)
 
-    def gemm(self, m: int, n: int, k: int, s: int, s_out: int | None = None) -> float:
+    def gemm(
+        self, m: int, n: int, k: int, s: int, s_out: int | None = None, eff: float = 1.0, unaligned=UNALIGNED
+    ) -> float:
         d = min(m, n, k)
         if d <= 0:
             return 0.0
-        aligned = 1.0 if m % 128 == n % 128 == k % 128 == 0 else UNALIGNED
-        flops = 2.0 * m * n * k / (self.flops * aligned * d / (d + SMALL_DIM))
+        aligned = 1.0 if m % 128 == n % 128 == k % 128 == 0 else unaligned
+        flops = 2.0 * m * n * k / (self.flops * eff * aligned * d / (d + SMALL_DIM))
         moved = ((m * k + k * n) * s + m * n * (s if s_out is None else s_out)) / self.gemm_bw
         return max(flops, moved)
 
@@ -123,30 +140,42 @@ def tokens_ms(
 
     full, rest = divmod(bt, chunk)
     total = full * one(chunk) + (one(rest) if rest else 0.0) - mach.stream(v * h * s_acc, mach.gemm_bw)
-    return total * 1e3
+    return total * 1e3 + target_logit_ms(bt, h, s, peaks)
+
+
+def target_logit_ms(bt: int, h: int, itemsize: int, peaks: DevicePeaks) -> float:
+    """The exact fp32 target logit of both strategies (``flce_target``): one read of the hidden rows and of their
+    targets' weight rows."""
+    return 2 * bt * h * itemsize / peaks.copy_bw * 1e3
 
 
 def vocab_ms(bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePeaks) -> float:
-    """Predicted ms of the vocabulary strategy (forward + backward w.r.t. hidden and weight)."""
+    """Predicted ms of the vocabulary strategy (forward + backward w.r.t. hidden and weight): ``ceil(V / chunk)``
+    chunks of ``chunk`` columns (the last one the rest), pass 2 reusing the last chunk of pass 1."""
     if bt <= 0 or chunk <= 0:
         return 0.0
     mach = _Machine.of(peaks, itemsize)
     s = itemsize
-    s1 = max(s, 4)  # pass 1 writes fp32 logits (cuBLAS out_dtype) in half-width chunks of the same bytes
+
+    def logits(w: int) -> float:
+        return mach.gemm(bt, w, h, s, eff=VOCAB_GEMM_EFFICIENCY, unaligned=1.0)
 
     def first(w: int) -> float:
-        return mach.gemm(bt, w, h, s, s1) + mach.stream(bt * w * s1)
+        return logits(w) + mach.stream(bt * w * s) + VOCAB_PASS_OVERHEAD_S
 
     def second(w: int) -> float:
         return (
-            mach.gemm(bt, w, h, s)
+            logits(w)
             + mach.stream(2 * bt * w * s)
-            + mach.gemm(bt, h, w, s, 4)
-            + mach.stream(bt * h * 4, mach.gemm_bw)
-            + mach.gemm(w, h, bt, s)
+            + mach.gemm(bt, h, w, s, 4, eff=VOCAB_GEMM_EFFICIENCY, unaligned=1.0)
+            + mach.stream(2 * bt * h * 4)
+            + mach.gemm(w, h, bt, s, eff=VOCAB_GEMM_EFFICIENCY, unaligned=1.0)
+            + VOCAB_PASS_OVERHEAD_S
         )
 
-    return (_over(v, max(chunk * s // s1, 1), first) + _over(v, chunk, second)) * 1e3
+    last = v - (math.ceil(v / chunk) - 1) * chunk
+    total = _over(v, chunk, first) + _over(v, chunk, second) - (logits(last) if REUSE_LAST_CHUNK else 0.0)
+    return total * 1e3 + target_logit_ms(bt, h, s, peaks)
 
 
 def _over(v: int, width: int, cost) -> float:

@@ -76,25 +76,41 @@ class FlcePlan:
 def _tokens_chunk(
     bt: int, h: int, v: int, itemsize: int, chunk_mem_const: int | None, budget: float
 ) -> int | None:
-    """Today's geometry under a chunk_mem_const budget; under a MiB budget the largest power of two of rows
-    whose logits fit (capped at BT). None when not even one row fits."""
+    """Today's geometry under a chunk_mem_const budget; under a MiB budget the largest multiple of
+    :data:`ROW_MULTIPLE` rows whose logits fit (fewer than that: the largest power of two), capped at BT. None
+    when not even one row fits."""
     if chunk_mem_const is not None:
         return flce_chunk_geometry(bt, h, v, chunk_mem_const)[0]
     rows = int(budget // (v * itemsize))
-    return min(_prev_pow2(rows), bt) if rows >= 1 else None
+    if rows < 1:
+        return None
+    return min(rows // ROW_MULTIPLE * ROW_MULTIPLE if rows >= ROW_MULTIPLE else _prev_pow2(rows), bt)
+
+
+# row multiple of a token chunk under a MiB budget (a GEMM tile: GPT-OSS 512 MiB -> 1280 rows, not 1024)
+ROW_MULTIPLE = 128
 
 
 def _vocab_chunk(bt: int, v: int, itemsize: int, budget: float, align: int) -> int | None:
-    """The largest multiple of ``align`` columns (or all V) whose [BT, cols] logits fit; None when ``align`` do not."""
+    """Columns per vocabulary chunk: V split into ``k = ceil(V / widest)`` even chunks, ``widest`` the most
+    columns (a multiple of :data:`COL_MULTIPLE`) whose [BT, cols] logits fit, the width ``ceil(V / k)`` rounded
+    up to that multiple (still within ``widest``); all V when they fit; None when not even ``align`` columns do."""
     fit = int(budget // (max(bt, 1) * itemsize))
     if fit >= v:
         return v
-    cols = fit // align * align
-    return cols if cols >= align else None
+    step = min(COL_MULTIPLE, align)
+    widest = fit // step * step
+    if widest < align:
+        return None
+    k = math.ceil(v / widest)
+    return math.ceil(math.ceil(v / k) / step) * step
 
 
-# column multiple of the vocabulary chunks (GEMM-friendly); tests lower it so that tiny vocabularies are chunked
+# fewest columns of a vocabulary chunk (narrower ones waste the GEMMs); tests lower it so that tiny vocabularies
+# are chunked
 VOCAB_ALIGN = 128
+# chunk widths are a multiple of this (16-byte rows of 16-bit logits for cuBLAS), or of VOCAB_ALIGN if smaller
+COL_MULTIPLE = 8
 
 
 def _budget_bytes(bt, h, v, chunk_mem_const, max_chunk_mib, itemsize) -> tuple[float, int | None]:
@@ -181,9 +197,9 @@ def flce_plan(
 
     Budget of the logits buffer: ``max_chunk_mib`` MiB, else the C=``chunk_mem_const`` (default 1) token chunk's
     buffer ``chunk_tokens(C) * V * itemsize`` of :func:`flce_chunk_geometry`; no strategy exceeds it.
-    ``tokens`` with a chunk_mem_const budget is today's geometry exactly; with a MiB budget the largest power of
-    two of rows that fits. ``vocab``: all rows, the largest multiple of 128 columns that fits (infeasible ->
-    tokens, said in ``why``). ``auto`` takes the cheaper by :mod:`flce_cost` on ``gpu`` (a CUDA device name;
+    ``tokens`` with a chunk_mem_const budget is today's geometry exactly; with a MiB budget the largest multiple
+    of 128 rows that fits. ``vocab``: all rows, V in the fewest even chunks (widths a multiple of 8, at least 128
+    columns) that fit (infeasible -> tokens, said in ``why``). ``auto`` takes the cheaper by :mod:`flce_cost` on ``gpu`` (a CUDA device name;
     default: the current CUDA device, or the table's default row without CUDA).
     """
     _check_shape(bt, h, v)

@@ -7,6 +7,7 @@ import torch
 
 from .ce_rows import ce_rows_for, row_scales
 from .flce_run import FlceRun
+from .flce_target import needs_exact_target, target_logits
 
 
 def _addmm_dw(dw: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
@@ -32,7 +33,8 @@ def token_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     """One pass over token chunks of ``run.chunk`` rows. Returns ``(ce, z, argmax, dh, dw, db)`` where ``ce``/``z``
     are per-row fp32 (reduction ``none``) or unscaled fp32 sums (``z`` None without z-loss), ``argmax`` [N] or None.
 
-    One logits buffer is reused for every chunk; the row kernel overwrites it with the logits gradient (scaling
+    16-bit logits: the loss takes each row's exact fp32 target logit (``flce_target``). One logits buffer is
+    reused for every chunk; the row kernel overwrites it with the logits gradient (scaling
     fused in), dX chunks are written straight into the output and dW is accumulated by ``addmm``.
     """
     opts = run.options
@@ -63,6 +65,9 @@ def token_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     kernel = ce_rows_for(run.backend)
     extra = row_scales(run.backend, ce_scale, z_scale, class_weights, device)
     b_dt = None if bias is None else bias.to(hidden.dtype)
+    zy = (
+        target_logits(hidden, weight, target, bias, opts, run.backend) if needs_exact_target(hidden) else None
+    )
     buf_full = torch.empty((chunk, weight.shape[0]), dtype=hidden.dtype, device=device) if n else None
     for i in range(nchunks):
         s, e = i * chunk, min((i + 1) * chunk, n)
@@ -88,6 +93,7 @@ def token_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
             compute_grad=compute_grad,
             argmax_mode=run.argmax_mode,
             out=(ce_rows[r], z_rows[r] if has_z else None, argmax[s:e] if run.argmax_mode else None),
+            target_logit=None if zy is None else zy[s:e],
             **extra,
         )
         if not per_token:

@@ -1,10 +1,12 @@
 """FLCE vocabulary strategy: chunks of vocabulary columns, all rows at once, one reused logits buffer [N, Vc].
 
-Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the buffer; fp32 output of 16-bit
-operands on CUDA, in half-width chunks of the same bytes), the row-statistics kernel folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
-and gradient factors. Pass 2 (only when a gradient is needed): recompute ``logits_c``, overwrite the buffer with
-its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation), ``dW[c] = g^T @ X`` written once (no
-read-modify-write: ``accum_dtype`` changes nothing here), ``db[c] = g.sum(0)``. No host sync inside the loops.
+Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the buffer), the row-statistics kernel
+folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
+(16-bit logits: with the exact fp32 target logit of ``flce_target``) and gradient factors. Pass 2 (only when a
+gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not the last chunk's, still in the
+buffer), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
+``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
+``db[c] = g.sum(0)``. No host sync inside the loops.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from functools import cache
 import torch
 
 from .flce_run import FlceRun
+from .flce_target import needs_exact_target, target_logits
 from .flce_vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
 from .triton_flce_vocab import grad_inplace_triton, stats_update_triton
 
@@ -25,14 +28,12 @@ ROW_KERNELS = {
 
 @cache
 def _has_out_dtype(device_type: str) -> bool:
-    """Whether ``torch.mm`` / ``torch.addmm`` take ``out_dtype=torch.float32`` for 16-bit operands here
-    (CUDA, torch >= 2.8)."""
+    """Whether ``torch.addmm(..., out_dtype=torch.float32)`` runs here (CUDA, torch >= 2.8)."""
     if device_type != "cuda":
         return False
     a = torch.ones(2, 2, dtype=torch.bfloat16, device=device_type)
     acc = torch.zeros(2, 2, dtype=torch.float32, device=device_type)
     try:
-        torch.mm(a, a, out_dtype=torch.float32, out=acc)
         torch.addmm(acc, a, a, beta=0.0, out_dtype=torch.float32, out=acc)
         torch.addmm(acc, a, a, beta=1.0, out_dtype=torch.float32, out=acc)
     except (TypeError, RuntimeError, NotImplementedError):
@@ -53,16 +54,10 @@ def accumulate_fp32(
         torch.addmm(acc, g.to(acc.dtype), w.to(acc.dtype), beta=beta, out=acc)
 
 
-def _logits(raw, hidden, w_c, b_c, dtype):
-    """``hidden @ w_c^T (+ b_c)`` into the front of the raw buffer viewed as [N, width] of ``dtype`` (fp32 output
-    of 16-bit operands through cuBLAS ``out_dtype``)."""
-    n, width = hidden.shape[0], w_c.shape[0]
-    buf = raw[: n * width * dtype.itemsize].view(dtype).view(n, width)
-    if dtype != hidden.dtype:
-        torch.mm(hidden, w_c.t(), out_dtype=dtype, out=buf)
-        if b_c is not None:
-            buf.add_(b_c)
-    elif b_c is not None:
+def _logits(buf_flat, hidden, w_c, b_c):
+    """``hidden @ w_c^T (+ b_c)`` into the front of the flat buffer viewed as [N, width]."""
+    buf = buf_flat[: hidden.shape[0] * w_c.shape[0]].view(hidden.shape[0], w_c.shape[0])
+    if b_c is not None:
         torch.addmm(b_c, hidden, w_c.t(), out=buf)
     else:
         torch.mm(hidden, w_c.t(), out=buf)
@@ -81,21 +76,24 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     device = hidden.device
     stats_update, grad_inplace = ROW_KERNELS[run.backend]
     cv = max(min(run.chunk, v), 1)
-    # pass 1 in fp32 where cuBLAS can write it (the loss then carries no 16-bit rounding of the logits), in the
-    # same bytes: half the columns per chunk
-    stats_dtype = torch.float32 if hidden.element_size() < 4 and _has_out_dtype(device.type) else hidden.dtype
+    spans = _spans(v, cv)
     w_dt = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
     b_dt = None if bias is None else bias.to(hidden.dtype)
     target = target.contiguous()
     cw = None if class_weights is None else class_weights.contiguous()
     kw = {"opts": opts, "class_weights": cw}
-    raw = torch.empty(n * cv * hidden.element_size(), dtype=torch.uint8, device=device)
+    buf_flat = torch.empty(n * cv, dtype=hidden.dtype, device=device)
     state = new_state(n, device)
-    for s, e in _spans(v, max(cv * hidden.element_size() // stats_dtype.itemsize, 1)):
-        buf = _logits(raw, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e], stats_dtype)
+    for s, e in spans:
+        buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e])
         stats_update(buf, s, target, state, argmax=bool(run.argmax_mode), **kw)
-    ce, zl, coefs = row_losses(state, target, v, ce_scale=ce_scale, z_scale=z_scale, row_grad=row_grad, **kw)
-    dh, dw, db = _grads(hidden, w_dt, b_dt, target, _spans(v, cv), raw, coefs, grad_inplace, kw, need)
+    zy = (
+        target_logits(hidden, weight, target, bias, opts, run.backend) if needs_exact_target(hidden) else None
+    )
+    ce, zl, coefs = row_losses(
+        state, target, v, ce_scale=ce_scale, z_scale=z_scale, row_grad=row_grad, zy_exact=zy, **kw
+    )
+    dh, dw, db = _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need)
     argmax = state.best_i if run.argmax_mode else None
     has_z = opts.lse_square_scale != 0.0
     if opts.reduction == "none":
@@ -103,7 +101,7 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     return ce.sum(), (zl.sum() if has_z else None), argmax, dh, dw, db
 
 
-def _grads(hidden, w_dt, b_dt, target, spans, raw, coefs, grad_inplace, kw, need):
+def _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need):
     need_dh, need_dw, need_db = need
     if not (need_dh or need_dw or need_db):
         return None, None, None
@@ -114,8 +112,12 @@ def _grads(hidden, w_dt, b_dt, target, spans, raw, coefs, grad_inplace, kw, need
     out_dtype_ok = _has_out_dtype(device.type)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=device) if need_dw else None
     db = torch.empty(v, dtype=torch.float32, device=device) if need_db else None
-    for i, (s, e) in enumerate(spans):
-        buf = _logits(raw, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e], hidden.dtype)
+    # in reverse: the last chunk's logits are still in the buffer (the statistics kernel only reads them)
+    for i, (s, e) in enumerate(reversed(spans)):
+        if i == 0:
+            buf = buf_flat[: n * (e - s)].view(n, e - s)
+        else:
+            buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e])
         grad_inplace(buf, s, target, coefs, **kw)
         if acc is not None:
             accumulate_fp32(acc, buf, w_dt[s:e], i == 0, out_dtype_ok)

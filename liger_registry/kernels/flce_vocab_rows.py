@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .ce_torch import transform_logits
+from .flce_target import corrected_lse
 
 
 class RowState(NamedTuple):
@@ -70,11 +71,18 @@ def stats_update_torch(buf, col0: int, target, state: RowState, *, opts, class_w
         state.best.copy_(torch.maximum(state.best, bm))
 
 
-def row_losses(state: RowState, target, v: int, *, opts, class_weights, ce_scale, z_scale, row_grad):
-    """Per-row ``(ce, z_loss)`` (0 on ignored rows) and the gradient factors :class:`RowCoefs`."""
+def row_losses(
+    state: RowState, target, v: int, *, opts, class_weights, ce_scale, z_scale, row_grad, zy_exact=None
+):
+    """Per-row ``(ce, z_loss)`` (0 on ignored rows) and the gradient factors :class:`RowCoefs`; ``zy_exact``
+    (fp32 [N], ``flce_target``) replaces the chunks' rounded target logit, in the loss and in the row's lse."""
     valid = target != opts.ignore_index
     safe = torch.where(valid, target, torch.zeros_like(target))
     lse = state.m + torch.log(state.d)
+    zy = state.zy
+    if zy_exact is not None:
+        lse = torch.where(valid, corrected_lse(lse, zy, zy_exact), lse)
+        zy = zy_exact
     eps = opts.label_smoothing
     if class_weights is None:
         w_y = torch.ones_like(lse)
@@ -85,7 +93,7 @@ def row_losses(state: RowState, target, v: int, *, opts, class_weights, ce_scale
         w_y = w[safe]
         w_sum = w.sum()
         smooth = (w_sum * lse - state.sz) / v
-    ce = (lse - state.zy) * w_y
+    ce = (lse - zy) * w_y
     if eps:
         ce = (1.0 - eps) * ce + eps * smooth
     zl = opts.lse_square_scale * lse * lse

@@ -23,6 +23,7 @@ def _ce_rows_kernel(
     ROWG,
     CW,
     SCALES,  # fp32 [3]: ce grad scale, z grad scale, sum of class weights
+    ZYX,  # fp32 [N]: exact target logits (HAS_ZYX)
     n_cols,
     ignore_index,
     eps,
@@ -35,6 +36,7 @@ def _ce_rows_kernel(
     HAS_SMOOTH: tl.constexpr,
     HAS_Z: tl.constexpr,
     ARGMAX: tl.constexpr,  # 0: none, 1: valid rows, 2: every row
+    HAS_ZYX: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -90,10 +92,14 @@ def _ce_rows_kernel(
                 cols = start + offs
                 tl.store(g_ptr + cols, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=cols < n_cols)
         return
-    lse = m + tl.log(d)
     zy = tl.load(x_ptr + y).to(tl.float32) * logit_scale
     if HAS_SOFTCAP:
         zy = softcap * tanh(zy / softcap)
+    if HAS_ZYX:  # the target's term of the sum-exp, exact
+        zyx = tl.load(ZYX + row)
+        d = d - tl.exp(zy - m) + tl.exp(zyx - m)
+        zy = zyx
+    lse = m + tl.log(d)
     if HAS_WEIGHT:
         wy = tl.load(CW + y).to(tl.float32)
         w_sum = tl.load(SCALES + 2)
@@ -175,6 +181,7 @@ def ce_rows_triton(
     scales: torch.Tensor | None = None,
     out: tuple | None = None,
     grad_out: torch.Tensor | None = None,
+    target_logit: torch.Tensor | None = None,
 ):
     """Same contract as :func:`ce_torch.ce_rows_torch`; ``buf`` must have unit column stride.
 
@@ -218,6 +225,7 @@ def ce_rows_triton(
         rg,
         cw,
         scales,
+        target_logit if target_logit is not None else ce,
         v,
         ignore_index,
         float(label_smoothing),
@@ -230,6 +238,7 @@ def ce_rows_triton(
         HAS_SMOOTH=float(label_smoothing) > 0.0,
         HAS_Z=has_z,
         ARGMAX=int(argmax_mode),
+        HAS_ZYX=target_logit is not None,
         COMPUTE_GRAD=bool(compute_grad),
         BLOCK=block,
         num_warps=tu.warps_for(block),

@@ -9,7 +9,9 @@ from liger_registry import kernels as K
 from liger_registry.kernels import ce_torch, flce_planner, torch_impl, triton_utils
 from liger_registry.kernels import flce_vocab_rows as vr
 from liger_registry.kernels.flce_options import FlceOptions
+from liger_registry.kernels.flce_target import target_logits_torch
 from liger_registry.kernels.triton_ce import ce_rows_triton
+from liger_registry.kernels.triton_flce_target import target_logits_triton
 from liger_registry.kernels.triton_flce_vocab import grad_inplace_triton, stats_update_triton
 
 STRATEGIES = ["tokens", "vocab"]
@@ -358,3 +360,39 @@ def test_vocab_row_kernels_match_torch(opts, dtype):
         grad_inplace_triton(b, s, t, coefs, opts=o, class_weights=cw)
         _close(b, a, tol)
         _close(a, grad_ref[:, s : s + w0], tol)
+
+
+@pytest.mark.parametrize(
+    "opts", [{}, {"softcap": 3.0, "logit_scale": 0.5}], ids=lambda o: "-".join(o) or "plain"
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_target_logit_kernel_matches_torch(opts, bias):
+    n, h, v = 13, 40, 50  # H not a power of two
+    hidden = torch.randn(n, h, generator=_g()).half()
+    weight = torch.randn(v, h, generator=_g(1)).half()
+    b = torch.randn(v, generator=_g(2)) if bias else None
+    t = torch.randint(0, v, (n,), generator=_g(3))
+    t[[1, 6]] = -100
+    kw = dict(ignore_index=-100, softcap=opts.get("softcap"), logit_scale=opts.get("logit_scale", 1.0))
+    got = target_logits_triton(hidden, weight, t, b, **kw)
+    exp = target_logits_torch(hidden, weight, t, b, **kw)
+    _close(got, exp, 1e-6)
+    raw = (hidden.double() @ weight.double().t()).gather(1, t.clamp(min=0)[:, None]).squeeze(1)
+    raw = raw + (b.double()[t.clamp(min=0)] if bias else 0.0)
+    _close(exp, ce_torch.transform_logits(raw, kw["softcap"], kw["logit_scale"]), 1e-5)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_flce_triton_exact_target_logit_matches_torch(strategy, monkeypatch):
+    """16-bit inputs: the Triton path (row kernels with the exact target logit) = the PyTorch path."""
+    n, h, v = 21, 40, 50
+    g = _g(5)
+    weight = torch.randn(v, h, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    hidden = (torch.randn(n, h, generator=g) + 1.5 * weight[t]).half()
+    weight = weight.half()
+    t[[2, 9]] = -100
+    out = K.fused_linear_cross_entropy(hidden, weight, t, strategy=strategy, softcap=20.0)
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    ref = K.fused_linear_cross_entropy(hidden, weight, t, strategy=strategy, softcap=20.0)
+    _close(out, ref, 1e-6)
