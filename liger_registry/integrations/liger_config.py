@@ -8,19 +8,20 @@ from typing import Any
 
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import Registry, load_registry
+from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS
 
-# The keys of `liger_kernel_config` that TrainingArguments documents, and the override each one drives.
-LIGER_KEYS = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm", "cross_entropy", "fused_linear_cross_entropy")
+__all__ = ["LIGER_KEYS", "overrides_from_liger_kernel_config"]
 
 
 def _declared(entry: Any, key: str) -> tuple[bool, bool, str | None]:
-    """(declared, enabled, reason) of a kernel in a resolved family entry."""
-    if key == "fused_linear_cross_entropy":
-        return True, entry.flce.enabled, entry.flce.reason
-    spec = getattr(entry.kernels, key)
-    if spec is None:
-        return False, False, None
-    return True, spec.enabled, spec.reason
+    """(declared, enabled, reason) of the kernel a key switches, in a family entry: the section that holds
+    the key's `enabled` knob (`kernels.<kind>` or `flce`)."""
+    section: Any = entry
+    for part in OVERRIDE_PATHS[key].split(".")[:-1]:
+        section = getattr(section, part)
+        if section is None:
+            return False, False, None
+    return True, section.enabled, section.reason
 
 
 def overrides_from_liger_kernel_config(
@@ -37,7 +38,9 @@ def overrides_from_liger_kernel_config(
     problems = []
     for key, value in config.items():
         if key not in LIGER_KEYS:
-            problems.append(f"unknown key {key!r}{suggest(str(key), LIGER_KEYS)}; allowed: {', '.join(LIGER_KEYS)}")
+            problems.append(
+                f"unknown key {key!r}{suggest(str(key), LIGER_KEYS)}; allowed: {', '.join(LIGER_KEYS)}"
+            )
         elif not isinstance(value, bool):
             problems.append(f"{key}: expected true or false, got {value!r}")
     if problems:
@@ -51,7 +54,9 @@ def overrides_from_liger_kernel_config(
         if value is False and declared:
             overrides[key] = False
         elif value is True and not enabled:
-            why = reason or ("the family declares no such kernel" if not declared else "it is off in the family entry")
+            why = reason or (
+                "the family declares no such kernel" if not declared else "it is off in the family entry"
+            )
             warnings.warn(
                 f"liger_registry: liger_kernel_config {key}=True: family {entry.family!r} does not install it: {why}",
                 stacklevel=2,

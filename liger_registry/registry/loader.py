@@ -13,7 +13,7 @@ import yaml
 
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError, suggest
 from liger_registry.registry.yaml_source import load_model
-from liger_registry.schemas import FamilyEntry, PolicyFile
+from liger_registry.schemas import KINDS, FamilyEntry, PolicyFile
 
 BUNDLED_FAMILIES = Path(__file__).parent / "families"
 BUNDLED_POLICIES = Path(__file__).parent.parent / "policies"
@@ -110,10 +110,10 @@ def code_problems(loaded: LoadedFamily) -> list[str]:
             f"registered: {', '.join(sorted(forwards))} (forwards are registered by code, never named by path)"
         )
     names = {"causal_lm": entry.causal_lm}
-    for kernel in ("rope", "cross_entropy"):
-        spec = getattr(entry.kernels, kernel)
-        if spec is not None:
-            names[f"kernels.{kernel}.function"] = spec.function
+    for name, kind in KINDS.items():
+        spec = getattr(entry.kernels, name)
+        if spec is not None and not kind.module_forward:
+            names[f"kernels.{name}.function"] = spec.function
     for key, name in names.items():
         if not _FUNCTION.match(name):
             problems.append(

@@ -6,43 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PositiveInt, StrictBool, ValidationError
+from pydantic import ValidationError
 
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry, load_policy
-from liger_registry.schemas import FamilyEntry, SkipLogitsMode
-from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
 from liger_registry.schemas.family import KNOB_SECTIONS
 
 LAYERS = {1: "default", 2: "family", 3: "bundled policy", 4: "user policy", 5: "override"}
-
-OVERRIDE_PATHS = {
-    "rms_norm": "kernels.rms_norm.enabled",
-    "rope": "kernels.rope.enabled",
-    "swiglu": "kernels.swiglu.enabled",
-    "geglu": "kernels.geglu.enabled",
-    "layer_norm": "kernels.layer_norm.enabled",
-    "cross_entropy": "kernels.cross_entropy.enabled",
-    "fused_linear_cross_entropy": "flce.enabled",
-    "chunk_mem_const": "flce.chunk_mem_const",
-    "jsd_chunk_mem_const": "fused_linear_jsd.chunk_mem_const",
-    "skip_logits": "skip_logits",
-}
-
-
-class Overrides(StrictModel):
-    """Keyword overrides of `apply(...)`; an unknown name is an error, never dropped."""
-
-    rms_norm: StrictBool | None = None
-    rope: StrictBool | None = None
-    swiglu: StrictBool | None = None
-    geglu: StrictBool | None = None
-    layer_norm: StrictBool | None = None
-    cross_entropy: StrictBool | None = None
-    fused_linear_cross_entropy: StrictBool | None = None
-    chunk_mem_const: PositiveInt | None = Field(None, strict=True)
-    jsd_chunk_mem_const: PositiveInt | None = Field(None, strict=True)
-    skip_logits: SkipLogitsMode | None = None
 
 
 @dataclass(frozen=True)
@@ -117,7 +88,8 @@ def validate_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
         checked = Overrides.model_validate(overrides)
     except ValidationError as exc:
         raise RegistryError(
-            "invalid keyword override(s)", [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+            "invalid keyword override(s)",
+            [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()],
         ) from None
     return {OVERRIDE_PATHS[k]: v for k, v in checked.model_dump(exclude_none=True).items()}
 
@@ -140,11 +112,23 @@ def resolve(
     provenance = {k: family_source if k in explicit else Source(1, "") for k in values}
     applied, problems = [], []
     for bundled in registry.policies_for(entry.family):
-        problems += _layer(values, provenance, _policy_updates(bundled), Source(3, bundled.policy.policy, bundled.path), entry.family)
+        problems += _layer(
+            values,
+            provenance,
+            _policy_updates(bundled),
+            Source(3, bundled.policy.policy, bundled.path),
+            entry.family,
+        )
         applied.append(bundled.policy.policy)
     for user in _user_policies(policy):
         if user.policy.applies(entry.family):
-            problems += _layer(values, provenance, _policy_updates(user), Source(4, user.policy.policy, user.path), entry.family)
+            problems += _layer(
+                values,
+                provenance,
+                _policy_updates(user),
+                Source(4, user.policy.policy, user.path),
+                entry.family,
+            )
             applied.append(user.policy.policy)
     problems += _layer(values, provenance, validate_overrides(overrides or {}), Source(5, ""), entry.family)
     if problems:

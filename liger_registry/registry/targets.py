@@ -10,7 +10,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from liger_registry.registry.errors import RegistryError
-from liger_registry.schemas import FamilyEntry
+from liger_registry.schemas import KINDS, FamilyEntry
 
 
 def transformers_version() -> str:
@@ -28,7 +28,9 @@ def version_problem(entry: FamilyEntry) -> str | None:
 
 def import_module(name: str, family: str) -> ModuleType:
     if not name.startswith("transformers."):
-        raise RegistryError(f"family {family!r}: refusing to import {name!r}: only modules under transformers.")
+        raise RegistryError(
+            f"family {family!r}: refusing to import {name!r}: only modules under transformers."
+        )
     try:
         return importlib.import_module(name)
     except ImportError as exc:
@@ -60,18 +62,23 @@ def resolve_class(entry: FamilyEntry, name: str) -> type:
 def target_problems(entry: FamilyEntry) -> list[str]:
     """Every name of the entry that does not resolve (for lint)."""
     problems = []
-    names = [entry.causal_lm]
-    for kernel in entry.kernels.model_dump(exclude_none=True).values():
-        names += kernel.get("targets", [])
-    for name in names:
+    classes, functions = [entry.causal_lm], []
+    for name, kind in KINDS.items():
+        spec = getattr(entry.kernels, name)
+        if spec is None:
+            continue
+        if kind.module_forward:
+            classes += spec.targets
+        elif spec.enabled:
+            functions.append(kind.function_name(spec))
+    for name in classes:
         try:
             resolve_class(entry, name)
         except RegistryError as exc:
             problems.append(str(exc))
-    rope = entry.kernels.rope
-    if rope is not None and rope.enabled:
+    for name in functions:
         try:
-            resolve_name(entry, rope.function)
+            resolve_name(entry, name)
         except RegistryError as exc:
             problems.append(str(exc))
     return problems

@@ -9,7 +9,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, PositiveInt, StrictBool, field_validator
 
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.kernels import KernelsSpec
+from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -29,7 +29,9 @@ class FlceSpec(StrictModel):
 class JsdSpec(StrictModel):
     """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
 
-    chunk_mem_const: PositiveInt = Field(1, strict=True, description="Chunk constant of the distillation loss.")
+    chunk_mem_const: PositiveInt = Field(
+        1, strict=True, description="Chunk constant of the distillation loss."
+    )
 
 
 class HeadSpec(StrictModel):
@@ -42,7 +44,8 @@ class HeadSpec(StrictModel):
         None, description="Config attribute the logits are divided by (granite's logits_scaling), if any."
     )
     logit_multiplier_attr: str | None = Field(
-        None, description="Config attribute the logits are multiplied by (falcon_h1's lm_head_multiplier), if any."
+        None,
+        description="Config attribute the logits are multiplied by (falcon_h1's lm_head_multiplier), if any.",
     )
     router_logits_from_config: StrictBool = Field(
         True,
@@ -57,18 +60,25 @@ class FamilyEntry(StrictModel):
     """One model family: which forward to install and which kernels go where."""
 
     family: str = Field(..., description="Family name; policies name families by it.")
-    model_types: list[str] = Field(..., min_length=1, description="config.model_type values this entry serves.")
+    model_types: list[str] = Field(
+        ..., min_length=1, description="config.model_type values this entry serves."
+    )
     module: str = Field(..., description="The transformers modeling module of the family.")
     causal_lm: str = Field(..., description="Class in `module` whose forward is replaced.")
     forward: str = Field("causal_lm", description="Name of a registered forward (never a dotted path).")
-    transformers: str = Field(">=5.17,<6", description="PEP 440 specifier of supported transformers versions.")
-    tested: list[str] = Field(default_factory=list, description="transformers versions the parity suite ran on.")
+    transformers: str = Field(
+        ">=5.17,<6", description="PEP 440 specifier of supported transformers versions."
+    )
+    tested: list[str] = Field(
+        default_factory=list, description="transformers versions the parity suite ran on."
+    )
     kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Kernels and their targets.")
     flce: FlceSpec = Field(default_factory=FlceSpec, description="Fused linear cross entropy knobs.")
     fused_linear_jsd: JsdSpec = Field(default_factory=JsdSpec, description="Distillation loss knobs.")
     head: HeadSpec = Field(default_factory=HeadSpec, description="Head layout and logit post-processing.")
     skip_logits: SkipLogitsMode = Field(
-        "auto", description="auto: skip in training with labels; labels: whenever labels; never: always logits."
+        "auto",
+        description="auto: skip in training with labels; labels: whenever labels; never: always logits.",
     )
     reason: str | None = Field(None, description="Notes on the family printed by show and explain.")
     tiny_config: dict[str, Any] = Field(

@@ -61,8 +61,10 @@ class GluSpec(ModuleKernelSpec):
     gate: str = Field("gate_proj", description="Attribute of the MLP holding the gate projection.")
     up: str = Field("up_proj", description="Attribute of the MLP holding the up projection.")
     down: str = Field("down_proj", description="Attribute of the MLP holding the down projection.")
-    act_config_attr: str = Field(
-        "hidden_act", description="Config attribute naming the activation; checked against the kernel's."
+    act_config_attr: str | list[str] = Field(
+        "hidden_act",
+        description="Config attribute naming the activation (or alternatives, the first one the config has); "
+        "the plan checks it against the kernel's activation, and a config without it is an error.",
     )
 
 
@@ -83,17 +85,3 @@ class CrossEntropySpec(KernelSpec):
 
     enabled: StrictBool = Field(False, description="Off by default: FLCE already covers the training loss.")
     function: str = Field("fixed_cross_entropy", description="Function in transformers.loss.loss_utils.")
-
-
-class KernelsSpec(StrictModel):
-    """Which kernels a family gets; a kernel left out is not installed."""
-
-    rms_norm: RmsNormSpec | None = Field(None, description="Fused RMSNorm on the listed norm classes.")
-    rope: RopeSpec | None = Field(None, description="Fused rotary embedding of q and k together.")
-    swiglu: GluSpec | None = Field(None, description="Fused silu(gate) * up in the listed MLP classes.")
-    geglu: GluSpec | None = Field(None, description="Fused gelu_tanh(gate) * up in the listed MLP classes.")
-    layer_norm: LayerNormSpec | None = Field(None, description="Fused LayerNorm on the listed classes.")
-    cross_entropy: CrossEntropySpec | None = Field(None, description="Cross entropy on materialised logits.")
-
-
-KERNEL_NAMES = tuple(KernelsSpec.model_fields)

@@ -6,26 +6,7 @@ from pydantic import Field, PositiveInt, StrictBool
 
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.family import SkipLogitsMode
-from liger_registry.schemas.kernels import CastingMode
-
-
-class KernelPatch(StrictModel):
-    """What a policy may change about one kernel."""
-
-    enabled: StrictBool | None = Field(None, description="Turn the kernel on or off.")
-    casting_mode: CastingMode | None = Field(None, description="RMSNorm casting mode.")
-    reason: str | None = Field(None, description="Why.")
-
-
-class KernelsPatch(StrictModel):
-    """Per-kernel changes."""
-
-    rms_norm: KernelPatch | None = Field(None, description="Changes to the RMSNorm kernel.")
-    rope: KernelPatch | None = Field(None, description="Changes to the rotary-embedding kernel.")
-    swiglu: KernelPatch | None = Field(None, description="Changes to the SwiGLU kernel.")
-    geglu: KernelPatch | None = Field(None, description="Changes to the GeGLU kernel.")
-    layer_norm: KernelPatch | None = Field(None, description="Changes to the LayerNorm kernel.")
-    cross_entropy: KernelPatch | None = Field(None, description="Changes to the cross-entropy kernel.")
+from liger_registry.schemas.kernel_kinds import KernelsPatch
 
 
 class FlcePatch(StrictModel):
@@ -50,7 +31,9 @@ class PolicyFile(StrictModel):
     kernels: KernelsPatch | None = Field(None, description="Per-kernel changes.")
     flce: FlcePatch | None = Field(None, description="Fused linear cross entropy knobs.")
     fused_linear_jsd: JsdPatch | None = Field(None, description="Distillation-loss knobs.")
-    skip_logits: SkipLogitsMode | None = Field(None, description="The skip_logits default for these families.")
+    skip_logits: SkipLogitsMode | None = Field(
+        None, description="The skip_logits default for these families."
+    )
 
     def applies(self, family: str) -> bool:
         return "*" in self.applies_to or family in self.applies_to
