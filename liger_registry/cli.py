@@ -17,7 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="liger-registry", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     lint = sub.add_parser("lint", help="check forwards, YAML files and targets")
-    lint.add_argument("--deep", action="store_true", help="also run each family's tiny model through skip_logits")
+    lint.add_argument(
+        "--deep", action="store_true", help="also run each family's tiny model through skip_logits"
+    )
     lint.add_argument("--format", choices=["text", "json"], default="text")
     lint.add_argument("--registry", action="append", default=[], metavar="DIR", help="extra YAML directory")
     sub.add_parser("list", help="families, their kernels and tested transformers versions").add_argument(
@@ -39,15 +41,27 @@ def _parser() -> argparse.ArgumentParser:
 def _lint(args) -> int:
     from liger_registry.lint import lint
 
-    findings = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    results = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    findings = [f for f in results if f.severity == "error"]
+    notes = [f for f in results if f.severity != "error"]
     if args.format == "json":
-        print(json.dumps({"ok": not findings, "findings": [f.as_dict() for f in findings]}, indent=2))
-    elif findings:
-        print("\n".join(map(str, findings)))
+        print(
+            json.dumps(
+                {
+                    "ok": not findings,
+                    "findings": [f.as_dict() for f in findings],
+                    "notes": [n.as_dict() for n in notes],
+                },
+                indent=2,
+            )
+        )
+        return 1 if findings else 0
+    print("\n".join(map(str, notes + findings)))
+    if findings:
         print(f"{len(findings)} finding(s)")
     else:
-        print(f"well-formed: {len(load_registry(*args.registry).families)} families, all checks pass"
-              + (" (deep)" if args.deep else ""))
+        families = len(load_registry(*args.registry).families)
+        print(f"well-formed: {families} families, all checks pass" + (" (deep)" if args.deep else ""))
     return 1 if findings else 0
 
 
@@ -63,7 +77,9 @@ def _list(args) -> int:
     rows = []
     for name, loaded in sorted(registry.families.items()):
         on, off = _kernels(loaded.entry)
-        rows.append([name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"])
+        rows.append(
+            [name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"]
+        )
     print_table(["family", "model types", "kernels", "off", "transformers tested"], rows)
     return 0
 
@@ -93,7 +109,14 @@ def _demo(args) -> int:
     return 0
 
 
-COMMANDS = {"lint": _lint, "list": _list, "show": _show, "explain": _explain, "schema": _schema, "demo": _demo}
+COMMANDS = {
+    "lint": _lint,
+    "list": _list,
+    "show": _show,
+    "explain": _explain,
+    "schema": _schema,
+    "demo": _demo,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,12 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
     head = ctx.entry.head
     shift_labels = _shift_labels(labels, extra)
     num_items = extra.get("num_items_in_batch")
-    softcap, scale = logit_transform(text_config(model.config, head.text_config_attr), head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr)
+    softcap, scale = logit_transform(
+        text_config(model.config, head.text_config_attr),
+        head.softcap_attr,
+        head.logit_scale_attr,
+        head.logit_multiplier_attr,
+    )
     accuracy = bool(extra.get("return_token_accuracy"))
 
     def compute(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -106,7 +111,10 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
         warn_unfusable(getattr(model, ctx.entry.head.lm_head))
     head = ctx.entry.head
     config = text_config(model.config, head.text_config_attr)
-    logits = postprocess_logits(getattr(model, head.lm_head)(hidden), *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr))
+    logits = postprocess_logits(
+        getattr(model, head.lm_head)(hidden),
+        *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr),
+    )
     loss = None
     if has_labels:
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
@@ -118,7 +126,9 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
 def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any:
     _refuse_trl_fused_head(extra)
     base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
-    return getattr(model, ctx.entry.head.base_model)(**base_args, **{k: v for k, v in extra.items() if k not in HEAD_EXTRA})
+    return getattr(model, ctx.entry.head.base_model)(
+        **base_args, **{k: v for k, v in extra.items() if k not in HEAD_EXTRA}
+    )
 
 
 def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> Any:
@@ -149,7 +159,9 @@ def _moe_constant(model: Any, config: Any, *names: str) -> Any:
     return value
 
 
-@register_forward("causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.")
+@register_forward(
+    "causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it."
+)
 def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
     named, extra = ctx.bind(model, args, kwargs)
     config = text_config(model.config, ctx.entry.head.text_config_attr)

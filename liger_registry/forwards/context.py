@@ -33,7 +33,11 @@ class ForwardContext:
     def _output_class(self) -> type:
         annotation = self.signature.return_annotation
         # `tuple | XCausalLMOutputWithPast` (multimodal heads): the ModelOutput member of the union.
-        members = annotation.split("|") if isinstance(annotation, str) else typing.get_args(annotation) or [annotation]
+        members = (
+            annotation.split("|")
+            if isinstance(annotation, str)
+            else typing.get_args(annotation) or [annotation]
+        )
         for member in members:
             if isinstance(member, str):
                 member = member.strip().rpartition(".")[2]
@@ -59,7 +63,9 @@ class ForwardContext:
 
     def default(self, name: str) -> Any:
         parameter = self.signature.parameters.get(name)
-        return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+        return (
+            None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+        )
 
 
 def installed_signature(original: Callable) -> inspect.Signature:
@@ -69,7 +75,9 @@ def installed_signature(original: Callable) -> inspect.Signature:
     """
     signature = inspect.signature(original)
     params = list(signature.parameters.values())
-    skip = inspect.Parameter("skip_logits", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=bool | None)
+    skip = inspect.Parameter(
+        "skip_logits", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=bool | None
+    )
     at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
     params.insert(at, skip)
     return signature.replace(parameters=params)

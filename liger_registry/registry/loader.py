@@ -109,6 +109,10 @@ def code_problems(loaded: LoadedFamily) -> list[str]:
             f"{loaded.path}: forward: {entry.forward!r} is not a registered forward{suggest(entry.forward, forwards)}; "
             f"registered: {', '.join(sorted(forwards))} (forwards are registered by code, never named by path)"
         )
+    elif entry.head is not None and entry.flce.enabled and not forwards[entry.forward].fuses:
+        problems.append(
+            f"{loaded.path}: forward: {entry.forward!r} never fuses the loss; set flce.enabled: false (with a reason)"
+        )
     names = {"causal_lm": entry.causal_lm}
     for name, kind in KINDS.items():
         spec = getattr(entry.kernels, name)

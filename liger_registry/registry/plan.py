@@ -17,6 +17,8 @@ from liger_registry.registry.targets import import_module, resolve_class, resolv
 from liger_registry.schemas import KINDS, FamilyEntry, KernelKind
 from liger_registry.schemas.kernel_kinds import FLCE_KEY
 
+FORWARD = "forward"  # the report's name for the installed causal-LM forward
+
 
 @dataclass
 class Planned:
@@ -99,22 +101,29 @@ def _function_kernel(plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry
 
 
 def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
+    """The causal-LM forward, installed whether FLCE is on or off: it owns skip_logits either way."""
     cls = resolve_class(entry, entry.causal_lm)
-    original = cls.forward
-    spec = get_forward(entry.forward)
     if model is not None and not isinstance(model, cls):
-        plan.problems.append(
-            f"fused_linear_cross_entropy: the model is a {type(model).__name__}, not a {entry.causal_lm}: "
-            "no head to fuse (pass fused_linear_cross_entropy=False to patch only the decoder kernels)"
-        )
+        if entry.flce.enabled:
+            plan.problems.append(
+                f"{FORWARD}: the model is a {type(model).__name__}, not a {entry.causal_lm}: no head to fuse "
+                f"(pass {FLCE_KEY}=False to patch only the decoder kernels)"
+            )
+        else:
+            plan.skipped[FORWARD] = (
+                f"the model is a {type(model).__name__}, not a {entry.causal_lm}: no causal-LM head"
+            )
         return
-    module = import_module(entry.module, entry.family)
-    bound = bind_forward(spec.fn, ForwardContext(entry, original, module))
+    spec = get_forward(entry.forward)
+    bound = bind_forward(
+        spec.fn, ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
+    )
     if model is None:
-        plan.replacements.append(Planned(FLCE_KEY, "class", cls, "forward", bound, cls.__qualname__))
+        plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))
     else:
-        method = types.MethodType(bound, model)
-        plan.replacements.append(Planned(FLCE_KEY, "instance", model, "forward", method, "(root)"))
+        plan.replacements.append(
+            Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
+        )
 
 
 def _kernel(plan: Plan, resolved: ResolvedConfig, kind: KernelKind, spec: Any, model, config) -> None:
@@ -130,7 +139,7 @@ def language_config(config: Any, entry: FamilyEntry) -> Any:
     """The config of the language model: the head's text_config_attr, else transformers' get_text_config()."""
     if config is None:
         return None
-    if entry.head.text_config_attr:
+    if entry.head is not None and entry.head.text_config_attr:
         return getattr(config, entry.head.text_config_attr, config)
     return config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
 
@@ -151,11 +160,13 @@ def make_plan(resolved: ResolvedConfig, model: nn.Module | None) -> Plan:
             _kernel(plan, resolved, kind, spec, model, config)
         except RegistryError as exc:
             plan.problems.append(f"{name}: {exc}")
-    if entry.flce.enabled:
-        try:
-            _forward(plan, entry, model)
-        except RegistryError as exc:
-            plan.problems.append(f"{FLCE_KEY}: {exc}")
-    else:
-        plan.skipped[FLCE_KEY] = entry.flce.reason or "off"
+    if entry.head is None:
+        plan.skipped[FORWARD] = f"no causal-LM head: {entry.causal_lm} is a bare language model"
+        return plan
+    try:
+        _forward(plan, entry, model)
+    except RegistryError as exc:
+        plan.problems.append(f"{FORWARD}: {exc}")
+    if not entry.flce.enabled:
+        plan.skipped[FLCE_KEY] = entry.flce.reason or f"off ({resolved.source('flce.enabled')})"
     return plan

@@ -28,6 +28,7 @@ class Replacement:
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+
     def line(cells) -> str:
         return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
@@ -35,7 +36,11 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def config_table(config: ResolvedConfig) -> str:
-    rows = [[knob, repr(value), str(config.source(knob))] for knob, value in config.values.items() if value is not None]
+    rows = [
+        [knob, repr(value), str(config.source(knob))]
+        for knob, value in config.values.items()
+        if value is not None
+    ]
     return table(["knob", "value", "set by"], rows)
 
 
@@ -48,6 +53,13 @@ class PatchReport:
     skipped: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    def loss_line(self) -> str:
+        """How the installed forward computes the training loss."""
+        flce = self.config.entry.flce
+        if flce.enabled:
+            return f"training loss: fused_linear_cross_entropy (chunk_mem_const={flce.chunk_mem_const}), no logits"
+        return "training loss: from materialised logits (fused_linear_cross_entropy off); skip_logits still honoured"
+
     def counts(self) -> dict[str, int]:
         return dict(Counter(r.kernel for r in self.patched))
 
@@ -57,6 +69,8 @@ class PatchReport:
         rows += [[k, "skipped", "0", reason, ""] for k, reason in self.skipped.items()]
         text = f"liger_registry: family {self.family} ({self.scope})\n"
         text += table(["kernel", "scope", "count", "replaced", "with"], rows)
+        if any(r.kernel == "forward" for r in self.patched):
+            text += "\n" + self.loss_line()
         if self.warnings:
             text += "\nwarnings:\n" + "\n".join(f"  - {w}" for w in self.warnings)
         return text

@@ -13,6 +13,7 @@ from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+$")
 
 
@@ -75,12 +76,21 @@ class FamilyEntry(StrictModel):
     kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Kernels and their targets.")
     flce: FlceSpec = Field(default_factory=FlceSpec, description="Fused linear cross entropy knobs.")
     fused_linear_jsd: JsdSpec = Field(default_factory=JsdSpec, description="Distillation loss knobs.")
-    head: HeadSpec = Field(default_factory=HeadSpec, description="Head layout and logit post-processing.")
+    head: HeadSpec | None = Field(
+        default_factory=HeadSpec,
+        description="Head layout and logit post-processing; null: the class has no causal-LM head (a bare "
+        "language model inside a multimodal one), so no forward is installed, only the kernels.",
+    )
     skip_logits: SkipLogitsMode = Field(
         "auto",
         description="auto: skip in training with labels; labels: whenever labels; never: always logits.",
     )
     reason: str | None = Field(None, description="Notes on the family printed by show and explain.")
+    known_broken: dict[str, str] = Field(
+        default_factory=dict,
+        description="transformers versions ('5.24', or '5.24.1') on which the family's own unpatched forward is "
+        "broken, each with why; explain, lint --deep and the parity tests read it.",
+    )
     tiny_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Config values (over liger_registry.testing's small defaults) of the tiny model that "
@@ -109,6 +119,21 @@ class FamilyEntry(StrictModel):
         except InvalidSpecifier as exc:
             raise ValueError(f"not a PEP 440 version specifier: {value!r}") from exc
         return value
+
+    @field_validator("known_broken")
+    @classmethod
+    def _versions(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [v for v in value if not _VERSION.match(v)]
+        if bad:
+            raise ValueError(f"keys must be release numbers such as '5.24' or '5.24.1', got {bad}")
+        return value
+
+    def broken_on(self, version: str) -> str | None:
+        """Why the family is known broken on this transformers version ('5.24.0' matches '5.24'), or None."""
+        for key, why in self.known_broken.items():
+            if version == key or version.startswith(key + "."):
+                return f"transformers {key} is known broken for family {self.family!r}: {why}"
+        return None
 
 
 KNOB_SECTIONS = ("kernels", "flce", "fused_linear_jsd", "skip_logits")
