@@ -12,7 +12,9 @@ from liger_registry.forwards import get_forward, registered_forwards
 from liger_registry.registry.applier import apply
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
+from liger_registry.registry.plan import never_fuses
 from liger_registry.registry.targets import (
+    moe_problems,
     resolve_class,
     target_problems,
     transformers_version,
@@ -90,6 +92,10 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
         spec = get_forward(entry.forward)
     except KeyError as exc:
         return [*findings, Finding("forward", where, str(exc.args[0]))]
+    if entry.head is not None and entry.flce.enabled and not spec.fuses:
+        findings.append(Finding("forward", where, never_fuses(entry.forward)))
+    if entry.head is not None and spec.moe:
+        findings += [Finding("moe", where, p) for p in moe_problems(entry)]
     if not findings and entry.head is not None:
         original = resolve_class(entry, entry.causal_lm).forward
         findings += lint_forward(spec.fn, original)

@@ -160,7 +160,7 @@ def _moe_constant(model: Any, config: Any, *names: str) -> Any:
 
 
 @register_forward(
-    "causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it."
+    "causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.", moe=True
 )
 def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
     named, extra = ctx.bind(model, args, kwargs)
@@ -173,12 +173,13 @@ def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = 
     loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)
     aux_loss = None
     if router.get("output_router_logits"):
-        aux_loss = ctx.module.load_balancing_loss_func(
+        moe = ctx.entry.head.moe
+        aux_loss = getattr(ctx.module, moe.aux_loss_function)(
             outputs.router_logits,
-            _moe_constant(model, config, "num_experts", "num_local_experts"),
-            _moe_constant(model, config, "num_experts_per_tok"),
+            _moe_constant(model, config, *moe.num_experts_attrs),
+            _moe_constant(model, config, moe.top_k_attr),
             named.get("attention_mask"),
         )
         if loss is not None:
-            loss = loss + _moe_constant(model, config, "router_aux_loss_coef") * aux_loss.to(loss.device)
+            loss = loss + _moe_constant(model, config, moe.coefficient_attr) * aux_loss.to(loss.device)
     return _output(ctx, outputs, named, loss=loss, logits=logits, aux_loss=aux_loss)

@@ -11,15 +11,15 @@ from typing import Any
 
 from torch import nn
 
+from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.errors import PatchError, RegistryError
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.registry.plan import Planned, make_plan
 from liger_registry.registry.report import PatchReport, Replacement, _name
-from liger_registry.registry.resolve import ResolvedConfig, resolve
+from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import version_problem
 
 _MISSING = object()
-_MODULE_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
 
 @dataclass
@@ -115,39 +115,6 @@ class PatchHandle:
         return f"PatchHandle(family={self.report.family!r}, patched={len(self.report.patched)}, active={self.active})"
 
 
-def _model_type(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if not model_type:
-        raise PatchError(f"{type(model).__name__} has no config.model_type: is it a transformers model?")
-    return model_type
-
-
-def _unwrap(model: Any) -> Any:
-    """The transformers model inside torch.compile, PEFT (get_base_model), DDP/DataParallel and FSDP1 wrappers."""
-    for _ in range(8):
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif callable(getattr(model, "get_base_model", None)) and type(model).__module__.startswith("peft."):
-            model = model.get_base_model()
-        elif type(model).__name__ in _MODULE_WRAPPERS and isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        else:
-            break
-    return model
-
-
-def configure(
-    model_or_model_type: nn.Module | str,
-    policy: str | Path | list | None = None,
-    registry: Registry | None = None,
-    **overrides: Any,
-) -> ResolvedConfig:
-    registry = registry or load_registry()
-    target = model_or_model_type if isinstance(model_or_model_type, str) else _model_type(_unwrap(model_or_model_type))
-    return resolve(registry, registry.family_for(target), policy, overrides)
-
-
 def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
     if problems and strict:
         raise PatchError(
@@ -186,7 +153,7 @@ def apply(
     """
     config = configure(model_or_model_type, policy, registry, **overrides)
     is_type = isinstance(model_or_model_type, str)
-    model = None if is_type else _unwrap(model_or_model_type)
+    model = None if is_type else unwrap_model(model_or_model_type)
     key = config.family if is_type else model
     if (existing := _existing(key, config)) is not None:
         return existing
@@ -222,7 +189,7 @@ def revert(model_or_model_type: nn.Module | str) -> bool:
         family = registry.family_for(model_or_model_type).entry.family
         handle = _RECORD.families.get(family)
     else:
-        handle = _RECORD.models.get(_unwrap(model_or_model_type))
+        handle = _RECORD.models.get(unwrap_model(model_or_model_type))
     if handle is None:
         return False
     handle.revert()
@@ -242,4 +209,4 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
 def patch_handle(model_or_model_type: nn.Module | str) -> PatchHandle | None:
     if isinstance(model_or_model_type, str):
         return _RECORD.families.get(model_or_model_type)
-    return _RECORD.models.get(_unwrap(model_or_model_type))
+    return _RECORD.models.get(unwrap_model(model_or_model_type))

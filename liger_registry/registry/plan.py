@@ -13,7 +13,7 @@ from torch import nn
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.resolve import ResolvedConfig
-from liger_registry.registry.targets import import_module, resolve_class, resolve_name
+from liger_registry.registry.targets import import_module, moe_problems, resolve_class, resolve_name
 from liger_registry.schemas import KINDS, FamilyEntry, KernelKind
 from liger_registry.schemas.kernel_kinds import FLCE_KEY
 
@@ -115,6 +115,13 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
             )
         return
     spec = get_forward(entry.forward)
+    if entry.flce.enabled and not spec.fuses:
+        plan.problems.append(f"{FORWARD}: {never_fuses(entry.forward)}")
+        return
+    holders = () if model is None else (model, language_config(model.config, entry))
+    if spec.moe and (problems := moe_problems(entry, *holders)):
+        plan.problems += [f"{FORWARD}: {p}" for p in problems]
+        return
     bound = bind_forward(
         spec.fn, ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
     )
@@ -124,6 +131,13 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
         )
+
+
+def never_fuses(forward: str) -> str:
+    return (
+        f"forward {forward!r} never fuses the loss; set flce.enabled: false in the family (with a reason) "
+        f"or pass {FLCE_KEY}=False"
+    )
 
 
 def _kernel(plan: Plan, resolved: ResolvedConfig, kind: KernelKind, spec: Any, model, config) -> None:

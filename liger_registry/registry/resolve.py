@@ -13,20 +13,22 @@ from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry,
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
 from liger_registry.schemas.family import KNOB_SECTIONS
 
-LAYERS = {1: "default", 2: "family", 3: "bundled policy", 4: "user policy", 5: "override"}
+LAYERS = {1: "default (registry/defaults.yaml)", 2: "family", 3: "registry policy", 4: "user policy", 5: "override"}
 
 
 @dataclass(frozen=True)
 class Source:
-    """Which layer set a knob."""
+    """Which layer set a knob; a policy's also says where the policy came from."""
 
     layer: int
     name: str
     path: Path | None = None
+    origin: str | None = None  # of a registry policy: bundled | plugin <name> | LIGER_REGISTRY_PATH | directory
 
     def __str__(self) -> str:
         where = f" ({self.path.name})" if self.path else ""
-        return f"{LAYERS[self.layer]} {self.name}{where}".strip()
+        layer = f"{self.origin} policy" if self.layer == 3 and self.origin else LAYERS[self.layer]
+        return f"{layer} {self.name}{where}".strip()
 
 
 @dataclass
@@ -116,7 +118,7 @@ def resolve(
             values,
             provenance,
             _policy_updates(bundled),
-            Source(3, bundled.policy.policy, bundled.path),
+            Source(3, bundled.policy.policy, bundled.path, bundled.origin),
             entry.family,
         )
         applied.append(bundled.policy.policy)

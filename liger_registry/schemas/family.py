@@ -9,6 +9,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import Field, PositiveInt, StrictBool, field_validator
 
 from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.defaults import default, default_list
 from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
@@ -20,9 +21,12 @@ _MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+$")
 class FlceSpec(StrictModel):
     """Fused linear cross entropy on the language-model head."""
 
-    enabled: StrictBool = Field(True, description="Compute the training loss without materialising logits.")
+    enabled: StrictBool = Field(
+        default("flce.enabled"), description="Compute the training loss without materialising logits."
+    )
     chunk_mem_const: PositiveInt = Field(
-        1, strict=True, description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks."
+        default("flce.chunk_mem_const"),
+        strict=True, description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks."
     )
     reason: str | None = Field(None, description="Why the knob has this value for this family.")
 
@@ -31,15 +35,40 @@ class JsdSpec(StrictModel):
     """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
 
     chunk_mem_const: PositiveInt = Field(
-        1, strict=True, description="Chunk constant of the distillation loss."
+        default("fused_linear_jsd.chunk_mem_const"), strict=True, description="Chunk constant of the distillation loss."
     )
+
+
+class MoeSpec(StrictModel):
+    """The MoE contract: names the MoE forward reads, checked against the installed transformers by the lint."""
+
+    aux_loss_function: str = Field(
+        default("head.moe.aux_loss_function"), description="Load-balancing loss function in the family's module."
+    )
+    num_experts_attrs: list[str] = Field(
+        default_factory=default_list("head.moe.num_experts_attrs"),
+        min_length=1,
+        description="Attributes holding the expert count, the first one present wins (model, then config).",
+    )
+    top_k_attr: str = Field(default("head.moe.top_k_attr"), description="Attribute holding experts per token.")
+    coefficient_attr: str = Field(
+        default("head.moe.coefficient_attr"), description="Attribute holding the aux-loss coefficient."
+    )
+
+    def attrs(self) -> dict[str, list[str]]:
+        """What each constant is read from, in order."""
+        return {
+            "num_experts": list(self.num_experts_attrs),
+            "top_k": [self.top_k_attr],
+            "coefficient": [self.coefficient_attr],
+        }
 
 
 class HeadSpec(StrictModel):
     """Where the head is and how its logits are post-processed."""
 
-    lm_head: str = Field("lm_head", description="Attribute of the causal LM holding the output projection.")
-    base_model: str = Field("model", description="Attribute of the causal LM holding the decoder.")
+    lm_head: str = Field(default("head.lm_head"), description="Attribute of the causal LM holding the output projection.")
+    base_model: str = Field(default("head.base_model"), description="Attribute of the causal LM holding the decoder.")
     softcap_attr: str | None = Field(None, description="Config attribute of final-logit softcapping, if any.")
     logit_scale_attr: str | None = Field(
         None, description="Config attribute the logits are divided by (granite's logits_scaling), if any."
@@ -55,6 +84,7 @@ class HeadSpec(StrictModel):
     text_config_attr: str | None = Field(
         None, description="Config attribute holding the language model's config (multimodal families)."
     )
+    moe: MoeSpec = Field(default_factory=MoeSpec, description="What the MoE forward reads from transformers.")
 
 
 class FamilyEntry(StrictModel):
@@ -66,12 +96,12 @@ class FamilyEntry(StrictModel):
     )
     module: str = Field(..., description="The transformers modeling module of the family.")
     causal_lm: str = Field(..., description="Class in `module` whose forward is replaced.")
-    forward: str = Field("causal_lm", description="Name of a registered forward (never a dotted path).")
+    forward: str = Field(default("forward"), description="Name of a registered forward (never a dotted path).")
     transformers: str = Field(
-        ">=5.17,<6", description="PEP 440 specifier of supported transformers versions."
+        default("transformers"), description="PEP 440 specifier of supported transformers versions."
     )
     tested: list[str] = Field(
-        default_factory=list, description="transformers versions the parity suite ran on."
+        default_factory=default_list("tested"), description="transformers versions the parity suite ran on."
     )
     kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Kernels and their targets.")
     flce: FlceSpec = Field(default_factory=FlceSpec, description="Fused linear cross entropy knobs.")
@@ -82,7 +112,7 @@ class FamilyEntry(StrictModel):
         "language model inside a multimodal one), so no forward is installed, only the kernels.",
     )
     skip_logits: SkipLogitsMode = Field(
-        "auto",
+        default("skip_logits"),
         description="auto: skip in training with labels; labels: whenever labels; never: always logits.",
     )
     reason: str | None = Field(None, description="Notes on the family printed by show and explain.")

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.defaults import default
 
 CastingMode = Literal["llama", "gemma", "none"]
 _TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
@@ -47,22 +48,22 @@ class RmsNormSpec(ModuleKernelSpec):
     """RMSNorm: y = x / rms(x) * (offset + weight)."""
 
     casting_mode: CastingMode = Field(
-        "llama",
+        default("kernels.rms_norm.casting_mode"),
         description="llama: normalise in fp32, cast back, then scale; gemma: all in fp32; none: input dtype.",
     )
-    offset: StrictFloat | StrictInt = Field(0.0, description="Added to the weight (Gemma stores weight - 1).")
-    eps_attr: str = Field("variance_epsilon", description="Attribute of the module that holds epsilon.")
-    weight_attr: str = Field("weight", description="Attribute of the module that holds the scale.")
+    offset: StrictFloat | StrictInt = Field(default("kernels.rms_norm.offset"), description="Added to the weight (Gemma stores weight - 1).")
+    eps_attr: str = Field(default("kernels.rms_norm.eps_attr"), description="Attribute of the module that holds epsilon.")
+    weight_attr: str = Field(default("kernels.rms_norm.weight_attr"), description="Attribute of the module that holds the scale.")
 
 
 class GluSpec(ModuleKernelSpec):
     """A gated MLP down(act(gate(x)) * up(x)) whose activation the fused kernel computes."""
 
-    gate: str = Field("gate_proj", description="Attribute of the MLP holding the gate projection.")
-    up: str = Field("up_proj", description="Attribute of the MLP holding the up projection.")
-    down: str = Field("down_proj", description="Attribute of the MLP holding the down projection.")
+    gate: str = Field(default("kernels.glu.gate"), description="Attribute of the MLP holding the gate projection.")
+    up: str = Field(default("kernels.glu.up"), description="Attribute of the MLP holding the up projection.")
+    down: str = Field(default("kernels.glu.down"), description="Attribute of the MLP holding the down projection.")
     act_config_attr: str | list[str] = Field(
-        "hidden_act",
+        default("kernels.glu.act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
         "the plan checks it against the kernel's activation, and a config without it is an error.",
     )
@@ -71,17 +72,19 @@ class GluSpec(ModuleKernelSpec):
 class LayerNormSpec(ModuleKernelSpec):
     """LayerNorm with weight and bias."""
 
-    eps_attr: str = Field("eps", description="Attribute of the module that holds epsilon.")
+    eps_attr: str = Field(default("kernels.layer_norm.eps_attr"), description="Attribute of the module that holds epsilon.")
 
 
 class RopeSpec(KernelSpec):
     """Rotary embedding: a module-level function, so it can only be patched module-wide."""
 
-    function: str = Field("apply_rotary_pos_emb", description="Function name in the family's module.")
+    function: str = Field(default("kernels.rope.function"), description="Function name in the family's module.")
 
 
 class CrossEntropySpec(KernelSpec):
     """Cross entropy on materialised logits: replaces transformers' loss helper module-wide."""
 
-    enabled: StrictBool = Field(False, description="Off by default: FLCE already covers the training loss.")
-    function: str = Field("fixed_cross_entropy", description="Function in transformers.loss.loss_utils.")
+    enabled: StrictBool = Field(
+        default("kernels.cross_entropy.enabled"), description="Off by default: FLCE already covers the training loss."
+    )
+    function: str = Field(default("kernels.cross_entropy.function"), description="Function in transformers.loss.loss_utils.")

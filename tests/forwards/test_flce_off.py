@@ -65,5 +65,10 @@ def test_a_forward_that_never_fuses_needs_flce_off(tmp_path):
         "family: x\nmodel_types: [x]\nmodule: transformers.models.llama.modeling_llama\n"
         "causal_lm: LlamaForCausalLM\nforward: original_head\n"
     )
-    with pytest.raises(liger_registry.RegistryError, match="never fuses the loss; set flce.enabled: false"):
-        liger_registry.load_registry(tmp_path)
+    registry = liger_registry.load_registry(tmp_path)
+    model = tiny_model("llama")
+    model.config.model_type = "x"
+    with pytest.raises(liger_registry.PatchError, match="never fuses the loss; set flce.enabled: false"):
+        liger_registry.apply(model, registry=registry)
+    with liger_registry.patched(model, registry=registry, fused_linear_cross_entropy=False) as handle:
+        assert handle.report.counts()["forward"] == 1
