@@ -160,7 +160,9 @@ def _moe_constant(model: Any, config: Any, *names: str) -> Any:
 
 
 @register_forward(
-    "causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.", moe=True
+    "causal_lm_moe",
+    "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.",
+    moe=True,
 )
 def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
     named, extra = ctx.bind(model, args, kwargs)

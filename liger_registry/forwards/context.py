@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,7 +93,3 @@ def bind_forward(fn: Callable, ctx: ForwardContext) -> Callable:
     forward.__wrapped__ = fn
     forward.__liger_forward__ = fn
     return forward
-
-
-def family_module(entry: FamilyEntry) -> ModuleType:
-    return sys.modules[entry.module]

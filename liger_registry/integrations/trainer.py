@@ -73,6 +73,11 @@ class LossOnlyEvalMixin:
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         labelled = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
-        if prediction_loss_only and labelled and "skip_logits" not in inputs and patch_handle(unwrap_model(model)):
+        if (
+            prediction_loss_only
+            and labelled
+            and "skip_logits" not in inputs
+            and patch_handle(unwrap_model(model))
+        ):
             inputs = {**inputs, "skip_logits": True}
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)

@@ -171,10 +171,14 @@ def apply(
             handle._install(planned)
     except Exception as exc:
         handle.revert()
-        raise PatchError(f"liger_registry: patching {config.family!r} failed half-way and was rolled back: {exc}") from exc
+        raise PatchError(
+            f"liger_registry: patching {config.family!r} failed half-way and was rolled back: {exc}"
+        ) from exc
     handle.report.patched = [a.replacement() for a in handle._applied]
     if not is_type and any(a.planned.scope == "module" for a in handle._applied):
-        handle.report.warnings.append("module-level functions (e.g. rotary embedding) are patched module-wide")
+        handle.report.warnings.append(
+            "module-level functions (e.g. rotary embedding) are patched module-wide"
+        )
     if is_type:
         _RECORD.families[key] = handle
     else:

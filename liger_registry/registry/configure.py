@@ -43,5 +43,7 @@ def configure(
 ) -> ResolvedConfig:
     """The resolved configuration (layers 1-5) of the family serving this model or model type."""
     registry = registry or load_registry()
-    target = model_or_model_type if isinstance(model_or_model_type, str) else model_type_of(model_or_model_type)
+    target = (
+        model_or_model_type if isinstance(model_or_model_type, str) else model_type_of(model_or_model_type)
+    )
     return resolve(registry, registry.family_for(target), policy, overrides)

@@ -13,7 +13,13 @@ from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry,
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
 from liger_registry.schemas.family import KNOB_SECTIONS
 
-LAYERS = {1: "default (registry/defaults.yaml)", 2: "family", 3: "registry policy", 4: "user policy", 5: "override"}
+LAYERS = {
+    1: "default (registry/defaults.yaml)",
+    2: "family",
+    3: "registry policy",
+    4: "user policy",
+    5: "override",
+}
 
 
 @dataclass(frozen=True)
@@ -23,7 +29,9 @@ class Source:
     layer: int
     name: str
     path: Path | None = None
-    origin: str | None = None  # of a registry policy: bundled | plugin <name> | LIGER_REGISTRY_PATH | directory
+    origin: str | None = (
+        None  # of a registry policy: bundled | plugin <name> | LIGER_REGISTRY_PATH | directory
+    )
 
     def __str__(self) -> str:
         where = f" ({self.path.name})" if self.path else ""

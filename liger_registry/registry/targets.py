@@ -107,7 +107,10 @@ def moe_problems(entry: FamilyEntry, *holders: Any) -> list[str]:
     try:
         holders = holders or (default_language_config(entry),)
     except (ValueError, KeyError, TypeError, RegistryError) as exc:
-        return [*problems, f"family {entry.family!r}: cannot build the default config to check head.moe: {exc}"]
+        return [
+            *problems,
+            f"family {entry.family!r}: cannot build the default config to check head.moe: {exc}",
+        ]
     for constant, names in moe.attrs().items():
         if not any(getattr(h, name, None) is not None for h in holders for name in names):
             problems.append(

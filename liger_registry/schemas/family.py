@@ -26,7 +26,8 @@ class FlceSpec(StrictModel):
     )
     chunk_mem_const: PositiveInt = Field(
         default("flce.chunk_mem_const"),
-        strict=True, description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks."
+        strict=True,
+        description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks.",
     )
     reason: str | None = Field(None, description="Why the knob has this value for this family.")
 
@@ -35,7 +36,9 @@ class JsdSpec(StrictModel):
     """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
 
     chunk_mem_const: PositiveInt = Field(
-        default("fused_linear_jsd.chunk_mem_const"), strict=True, description="Chunk constant of the distillation loss."
+        default("fused_linear_jsd.chunk_mem_const"),
+        strict=True,
+        description="Chunk constant of the distillation loss.",
     )
 
 
@@ -43,14 +46,17 @@ class MoeSpec(StrictModel):
     """The MoE contract: names the MoE forward reads, checked against the installed transformers by the lint."""
 
     aux_loss_function: str = Field(
-        default("head.moe.aux_loss_function"), description="Load-balancing loss function in the family's module."
+        default("head.moe.aux_loss_function"),
+        description="Load-balancing loss function in the family's module.",
     )
     num_experts_attrs: list[str] = Field(
         default_factory=default_list("head.moe.num_experts_attrs"),
         min_length=1,
         description="Attributes holding the expert count, the first one present wins (model, then config).",
     )
-    top_k_attr: str = Field(default("head.moe.top_k_attr"), description="Attribute holding experts per token.")
+    top_k_attr: str = Field(
+        default("head.moe.top_k_attr"), description="Attribute holding experts per token."
+    )
     coefficient_attr: str = Field(
         default("head.moe.coefficient_attr"), description="Attribute holding the aux-loss coefficient."
     )
@@ -67,8 +73,12 @@ class MoeSpec(StrictModel):
 class HeadSpec(StrictModel):
     """Where the head is and how its logits are post-processed."""
 
-    lm_head: str = Field(default("head.lm_head"), description="Attribute of the causal LM holding the output projection.")
-    base_model: str = Field(default("head.base_model"), description="Attribute of the causal LM holding the decoder.")
+    lm_head: str = Field(
+        default("head.lm_head"), description="Attribute of the causal LM holding the output projection."
+    )
+    base_model: str = Field(
+        default("head.base_model"), description="Attribute of the causal LM holding the decoder."
+    )
     softcap_attr: str | None = Field(None, description="Config attribute of final-logit softcapping, if any.")
     logit_scale_attr: str | None = Field(
         None, description="Config attribute the logits are divided by (granite's logits_scaling), if any."
@@ -96,7 +106,9 @@ class FamilyEntry(StrictModel):
     )
     module: str = Field(..., description="The transformers modeling module of the family.")
     causal_lm: str = Field(..., description="Class in `module` whose forward is replaced.")
-    forward: str = Field(default("forward"), description="Name of a registered forward (never a dotted path).")
+    forward: str = Field(
+        default("forward"), description="Name of a registered forward (never a dotted path)."
+    )
     transformers: str = Field(
         default("transformers"), description="PEP 440 specifier of supported transformers versions."
     )

@@ -51,17 +51,27 @@ class RmsNormSpec(ModuleKernelSpec):
         default("kernels.rms_norm.casting_mode"),
         description="llama: normalise in fp32, cast back, then scale; gemma: all in fp32; none: input dtype.",
     )
-    offset: StrictFloat | StrictInt = Field(default("kernels.rms_norm.offset"), description="Added to the weight (Gemma stores weight - 1).")
-    eps_attr: str = Field(default("kernels.rms_norm.eps_attr"), description="Attribute of the module that holds epsilon.")
-    weight_attr: str = Field(default("kernels.rms_norm.weight_attr"), description="Attribute of the module that holds the scale.")
+    offset: StrictFloat | StrictInt = Field(
+        default("kernels.rms_norm.offset"), description="Added to the weight (Gemma stores weight - 1)."
+    )
+    eps_attr: str = Field(
+        default("kernels.rms_norm.eps_attr"), description="Attribute of the module that holds epsilon."
+    )
+    weight_attr: str = Field(
+        default("kernels.rms_norm.weight_attr"), description="Attribute of the module that holds the scale."
+    )
 
 
 class GluSpec(ModuleKernelSpec):
     """A gated MLP down(act(gate(x)) * up(x)) whose activation the fused kernel computes."""
 
-    gate: str = Field(default("kernels.glu.gate"), description="Attribute of the MLP holding the gate projection.")
+    gate: str = Field(
+        default("kernels.glu.gate"), description="Attribute of the MLP holding the gate projection."
+    )
     up: str = Field(default("kernels.glu.up"), description="Attribute of the MLP holding the up projection.")
-    down: str = Field(default("kernels.glu.down"), description="Attribute of the MLP holding the down projection.")
+    down: str = Field(
+        default("kernels.glu.down"), description="Attribute of the MLP holding the down projection."
+    )
     act_config_attr: str | list[str] = Field(
         default("kernels.glu.act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
@@ -72,19 +82,26 @@ class GluSpec(ModuleKernelSpec):
 class LayerNormSpec(ModuleKernelSpec):
     """LayerNorm with weight and bias."""
 
-    eps_attr: str = Field(default("kernels.layer_norm.eps_attr"), description="Attribute of the module that holds epsilon.")
+    eps_attr: str = Field(
+        default("kernels.layer_norm.eps_attr"), description="Attribute of the module that holds epsilon."
+    )
 
 
 class RopeSpec(KernelSpec):
     """Rotary embedding: a module-level function, so it can only be patched module-wide."""
 
-    function: str = Field(default("kernels.rope.function"), description="Function name in the family's module.")
+    function: str = Field(
+        default("kernels.rope.function"), description="Function name in the family's module."
+    )
 
 
 class CrossEntropySpec(KernelSpec):
     """Cross entropy on materialised logits: replaces transformers' loss helper module-wide."""
 
     enabled: StrictBool = Field(
-        default("kernels.cross_entropy.enabled"), description="Off by default: FLCE already covers the training loss."
+        default("kernels.cross_entropy.enabled"),
+        description="Off by default: FLCE already covers the training loss.",
     )
-    function: str = Field(default("kernels.cross_entropy.function"), description="Function in transformers.loss.loss_utils.")
+    function: str = Field(
+        default("kernels.cross_entropy.function"), description="Function in transformers.loss.loss_utils."
+    )

@@ -17,7 +17,7 @@ forward: causal_lm_moe
 
 def test_bundled_moe_families_meet_their_contract():
     registry = liger_registry.load_registry()
-    moe = [l.entry for l in registry.families.values() if l.entry.forward == "causal_lm_moe"]
+    moe = [f.entry for f in registry.families.values() if f.entry.forward == "causal_lm_moe"]
     assert len(moe) >= 5 and all(moe_problems(entry) == [] for entry in moe)
 
 
