@@ -10,6 +10,7 @@ import yaml
 
 from liger_registry.console import print_table
 from liger_registry.registry import RegistryError, UnsupportedModelError, explain, load_registry
+from liger_registry.registry.errors import KernelsContractMissing
 from liger_registry.schemas import FamilyEntry, PolicyFile
 
 
@@ -28,9 +29,24 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="one family entry, resolved")
     show.add_argument("family")
     show.add_argument("--registry", action="append", default=[], metavar="DIR")
-    exp = sub.add_parser("explain", help="resolved configuration of a model type, with provenance")
+    exp = sub.add_parser(
+        "explain", help="resolved configuration of a model type, with provenance, backends and the FLCE plan"
+    )
     exp.add_argument("model_type")
-    exp.add_argument("--policy", action="append", metavar="FILE")
+    exp.add_argument(
+        "--policy", action="append", metavar="FILE|NAME", help="policy file or registry policy name"
+    )
+    exp.add_argument("--device", default="cpu", help="device the backends are decided for (default cpu)")
+    exp.add_argument(
+        "--dtype", default=None, help="dtype of the backends (float32) and of the plan (bfloat16)"
+    )
+    exp.add_argument("--tokens", type=int, metavar="N", help="print the FLCE plan for N tokens per step")
+    exp.add_argument(
+        "--hidden", type=int, metavar="H", help="hidden size for the plan (default: the config's)"
+    )
+    exp.add_argument(
+        "--vocab", type=int, metavar="V", help="vocabulary size for the plan (default: the config's)"
+    )
     schema = sub.add_parser("schema", help="JSON Schema of the YAML files")
     schema.add_argument("--kind", choices=["family", "policy", "all"], default="all")
     demo = sub.add_parser("demo", help="train a tiny Llama unpatched and patched")
@@ -92,7 +108,16 @@ def _show(args) -> int:
 
 
 def _explain(args) -> int:
-    print(explain(args.model_type, policy=args.policy))
+    explanation = explain(
+        args.model_type,
+        policy=args.policy,
+        device=args.device,
+        dtype=args.dtype,
+        tokens=args.tokens,
+        hidden=args.hidden,
+        vocab=args.vocab,
+    )
+    print(explanation)
     return 0
 
 
@@ -126,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0) and 2
     try:
         return COMMANDS[args.command](args)
-    except (RegistryError, UnsupportedModelError) as exc:
+    except (RegistryError, UnsupportedModelError, KernelsContractMissing) as exc:
         print(f"liger-registry: {exc}", file=sys.stderr)
         return 1
 

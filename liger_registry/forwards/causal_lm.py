@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from liger_registry import kernels
+from liger_registry import kernel_contract
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
     call_fused_head,
@@ -51,19 +52,18 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
         head.logit_multiplier_attr,
     )
     accuracy = bool(extra.get("return_token_accuracy"))
+    options = dataclasses.replace(
+        ctx.flce_options,
+        softcap=softcap,
+        logit_scale=scale,
+        reduction="mean" if num_items is None else "sum",
+        ignore_index=extra.get("ignore_index", IGNORE_INDEX),
+    )
 
     def compute(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-        return kernels.fused_linear_cross_entropy(
-            h.reshape(-1, h.shape[-1]),
-            weight,
-            shift_labels.reshape(-1).to(h.device),
-            bias,
-            ignore_index=extra.get("ignore_index", IGNORE_INDEX),
-            softcap=softcap,
-            logit_scale=scale,
-            reduction="mean" if num_items is None else "sum",
-            chunk_mem_const=ctx.entry.flce.chunk_mem_const,
-            return_token_accuracy=accuracy,
+        target = shift_labels.reshape(-1).to(h.device)
+        return kernel_contract.fused_linear_cross_entropy(
+            h.reshape(-1, h.shape[-1]), weight, target, bias, options=options, return_token_accuracy=accuracy
         )
 
     result = call_fused_head(getattr(model, head.lm_head), hidden, compute)

@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers import modeling_outputs
 
+from liger_registry.kernel_contract import FlceOptions
 from liger_registry.schemas import FamilyEntry
 
 _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "MoeCausalLMOutputWithPast"}
@@ -19,15 +20,27 @@ _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "Moe
 
 @dataclass
 class ForwardContext:
+    """Bound once per installed forward: the resolved entry, the original forward, and the FLCE options built
+    from the resolved FLCE spec (each call replaces only what comes from the model's config and the call)."""
+
     entry: FamilyEntry
     original: Callable
     module: ModuleType
     signature: inspect.Signature = field(init=False)
     output_class: type = field(init=False)
+    flce_options: FlceOptions | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)
         self.output_class = self._output_class()
+        flce = self.entry.flce
+        self.flce_options = (
+            FlceOptions(
+                chunk_mem_const=flce.chunk_mem_const, max_chunk_mib=flce.max_chunk_mib, strategy=flce.strategy
+            )
+            if flce.enabled
+            else None
+        )
 
     def _output_class(self) -> type:
         annotation = self.signature.return_annotation
@@ -92,4 +105,5 @@ def bind_forward(fn: Callable, ctx: ForwardContext) -> Callable:
     forward.__signature__ = installed_signature(ctx.original)
     forward.__wrapped__ = fn
     forward.__liger_forward__ = fn
+    forward.__liger_context__ = ctx
     return forward

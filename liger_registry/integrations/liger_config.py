@@ -6,11 +6,16 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import Registry, load_registry
-from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS
+from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS, Overrides
 
-__all__ = ["LIGER_KEYS", "overrides_from_liger_kernel_config"]
+# Non-boolean knobs a liger_kernel_config-style dict may carry besides the kernel switches (issue 10).
+LIGER_KNOBS = ("chunk_mem_const", "max_chunk_mib", "flce_strategy")
+
+__all__ = ["LIGER_KEYS", "LIGER_KNOBS", "overrides_from_liger_kernel_config"]
 
 
 def _declared(entry: Any, key: str) -> tuple[bool, bool, str | None]:
@@ -24,31 +29,43 @@ def _declared(entry: Any, key: str) -> tuple[bool, bool, str | None]:
     return True, section.enabled, section.reason
 
 
+def _knob_problems(knobs: dict[str, Any]) -> list[str]:
+    try:
+        Overrides.model_validate(knobs)
+    except ValidationError as exc:
+        return [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    return []
+
+
 def overrides_from_liger_kernel_config(
     config: Mapping[str, Any] | None, model_type: str | None = None, registry: Registry | None = None
-) -> dict[str, bool]:
+) -> dict[str, Any]:
     """Keyword overrides for `liger_registry.apply(...)` from a `liger_kernel_config` dict.
 
-    Every key must be one of LIGER_KEYS and every value a bool, else RegistryError listing all problems.
-    `False` turns a kernel off. `True` means "use it where the family supports it" (liger's default), so it
-    changes nothing; when the family has no such kernel or keeps it off, that is said in a warning, never
-    dropped silently. Pass `model_type` to have the family checked; without it the values map one to one.
+    Every key must be one of LIGER_KEYS with a bool value, or one of LIGER_KNOBS (the FLCE budget and
+    strategy: chunk_mem_const, max_chunk_mib, flce_strategy) with a value `apply` accepts, else RegistryError
+    listing all problems. `False` turns a kernel off. `True` means "use it where the family supports it"
+    (liger's default), so it changes nothing; when the family has no such kernel or keeps it off, that is
+    said in a warning, never dropped silently. Knobs pass through as overrides. Pass `model_type` to have
+    the family checked; without it the values map one to one.
     """
     config = dict(config or {})
+    allowed = (*LIGER_KEYS, *LIGER_KNOBS)
     problems = []
     for key, value in config.items():
-        if key not in LIGER_KEYS:
-            problems.append(
-                f"unknown key {key!r}{suggest(str(key), LIGER_KEYS)}; allowed: {', '.join(LIGER_KEYS)}"
-            )
-        elif not isinstance(value, bool):
+        if key not in allowed:
+            problems.append(f"unknown key {key!r}{suggest(str(key), allowed)}; allowed: {', '.join(allowed)}")
+        elif key in LIGER_KEYS and not isinstance(value, bool):
             problems.append(f"{key}: expected true or false, got {value!r}")
+    knobs = {k: v for k, v in config.items() if k in LIGER_KNOBS}
+    problems += _knob_problems(knobs)
     if problems:
         raise RegistryError("invalid liger_kernel_config", problems)
+    config = {k: v for k, v in config.items() if k in LIGER_KEYS}
     if model_type is None:
-        return {k: v for k, v in config.items() if v is False}
+        return {**{k: v for k, v in config.items() if v is False}, **knobs}
     entry = (registry or load_registry()).family_for(model_type).entry
-    overrides = {}
+    overrides: dict[str, Any] = dict(knobs)
     for key, value in config.items():
         declared, enabled, reason = _declared(entry, key)
         if value is False and declared:

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from liger_registry.registry.backends import decide_backends
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.errors import PatchError, RegistryError
 from liger_registry.registry.loader import Registry, load_registry
@@ -175,6 +176,8 @@ def apply(
             f"liger_registry: patching {config.family!r} failed half-way and was rolled back: {exc}"
         ) from exc
     handle.report.patched = [a.replacement() for a in handle._applied]
+    if model is not None:
+        _decide_backends(handle.report, model)
     if not is_type and any(a.planned.scope == "module" for a in handle._applied):
         handle.report.warnings.append(
             "module-level functions (e.g. rotary embedding) are patched module-wide"
@@ -184,6 +187,15 @@ def apply(
     else:
         _RECORD.models[key] = handle
     return handle
+
+
+def _decide_backends(report: PatchReport, model: Any) -> None:
+    """The backend each installed kernel uses for the model's device and dtype, with the reasons (report only)."""
+    parameter = next(iter(model.parameters()), None)
+    if parameter is None:
+        return
+    report.backends = decide_backends(report.config.entry, parameter.device, parameter.dtype)
+    report.backends_for = f"{parameter.device} / {str(parameter.dtype).removeprefix('torch.')}"
 
 
 def revert(model_or_model_type: nn.Module | str) -> bool:

@@ -55,7 +55,11 @@ class Registry:
         return self.families[name]
 
     def policies_for(self, family: str) -> list[LoadedPolicy]:
-        return [p for p in self.policies if p.policy.applies(family)]
+        """The registry policies applied by default to a family (opt-in ones only when named)."""
+        return [p for p in self.policies if p.policy.applies(family) and not p.policy.opt_in]
+
+    def named_policy(self, name: str) -> LoadedPolicy | None:
+        return next((p for p in self.policies if p.policy.policy == name), None)
 
 
 def _yaml_files(directory: Path) -> list[Path]:

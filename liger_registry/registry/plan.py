@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
+from liger_registry.kernel_contract import options_problem
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import import_module, moe_problems, resolve_class, resolve_name
@@ -122,9 +123,11 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     if spec.moe and (problems := moe_problems(entry, *holders)):
         plan.problems += [f"{FORWARD}: {p}" for p in problems]
         return
-    bound = bind_forward(
-        spec.fn, ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
-    )
+    ctx = ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
+    if ctx.flce_options is not None and (problem := options_problem(ctx.flce_options)):
+        plan.problems.append(f"{FORWARD}: {problem}")
+        return
+    bound = bind_forward(spec.fn, ctx)
     if model is None:
         plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))
     else:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry, load_policy
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
-from liger_registry.schemas.family import KNOB_SECTIONS
+from liger_registry.schemas.family import BUDGET_KNOBS, KNOB_SECTIONS
 
 LAYERS = {
     1: "default (registry/defaults.yaml)",
@@ -76,8 +76,21 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+BUDGET = tuple(f"flce.{knob}" for knob in BUDGET_KNOBS)
+
+
+def _budget(values: dict, provenance: dict, updates: dict[str, Any], source: Source) -> list[str]:
+    """The one-budget-knob rule: a layer that sets chunk_mem_const or max_chunk_mib clears the other."""
+    setting = [knob for knob in BUDGET if updates.get(knob) is not None]
+    if len(setting) > 1:
+        return [f"{source}: sets both {' and '.join(BUDGET)}: they are one budget knob, set one"]
+    for other in (k for k in BUDGET if setting and k != setting[0]):
+        values[other], provenance[other] = None, source
+    return []
+
+
 def _layer(values: dict, provenance: dict, updates: dict[str, Any], source: Source, family: str) -> list[str]:
-    problems = []
+    problems = _budget(values, provenance, updates, source)
     for knob, value in updates.items():
         if knob not in values:
             kernel = knob.split(".")[1] if knob.startswith("kernels.") else knob
@@ -130,7 +143,7 @@ def resolve(
             entry.family,
         )
         applied.append(bundled.policy.policy)
-    for user in _user_policies(policy):
+    for user in _user_policies(registry, policy):
         if user.policy.applies(entry.family):
             problems += _layer(
                 values,
@@ -148,8 +161,23 @@ def resolve(
     return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied)
 
 
-def _user_policies(policy: str | Path | list | None) -> list[LoadedPolicy]:
+def _user_policies(registry: Registry, policy: str | Path | list | None) -> list[LoadedPolicy]:
+    """Policies the caller asked for: files, or registry policies by name (e.g. the opt-in 'throughput')."""
     if policy is None:
         return []
     items = policy if isinstance(policy, (list, tuple)) else [policy]
-    return [p if isinstance(p, LoadedPolicy) else load_policy(p) for p in items]
+    return [_user_policy(registry, p) for p in items]
+
+
+def _user_policy(registry: Registry, policy: str | Path | LoadedPolicy) -> LoadedPolicy:
+    if isinstance(policy, LoadedPolicy):
+        return policy
+    named = registry.named_policy(policy) if isinstance(policy, str) else None
+    if named is not None and not Path(policy).is_file():
+        return named
+    if isinstance(policy, str) and not Path(policy).suffix and not Path(policy).exists():
+        names = sorted(p.policy.policy for p in registry.policies)
+        raise RegistryError(
+            f"no policy file or registry policy named {policy!r}{suggest(policy, names)}; named: {', '.join(names)}"
+        )
+    return load_policy(policy)

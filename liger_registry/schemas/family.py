@@ -3,16 +3,33 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, PositiveInt, StrictBool, field_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default, default_list
 from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
+FlceStrategy = Literal["auto", "tokens", "vocab"]
+Mib = Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
+BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
+
+
+def one_budget(data: Any) -> Any:
+    """chunk_mem_const and max_chunk_mib are one budget knob: max_chunk_mib set means chunk_mem_const is not."""
+    if not isinstance(data, dict) or data.get("max_chunk_mib") is None:
+        return data
+    if data.get("chunk_mem_const") is not None:
+        raise ValueError(
+            "chunk_mem_const and max_chunk_mib are one budget knob: set one of them (max_chunk_mib in MiB, "
+            "or chunk_mem_const), not both"
+        )
+    return {**data, "chunk_mem_const": None}
+
+
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+$")
@@ -24,12 +41,28 @@ class FlceSpec(StrictModel):
     enabled: StrictBool = Field(
         default("flce.enabled"), description="Compute the training loss without materialising logits."
     )
-    chunk_mem_const: PositiveInt = Field(
+    chunk_mem_const: PositiveInt | None = Field(
         default("flce.chunk_mem_const"),
         strict=True,
-        description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks.",
+        description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks. One budget knob "
+        "with max_chunk_mib: setting one clears the other (null when max_chunk_mib is set).",
+    )
+    max_chunk_mib: Mib | None = Field(
+        None,
+        description="Memory budget of the logits buffer in MiB, instead of chunk_mem_const (one budget knob: "
+        "setting one clears the other from lower layers; both in one place is an error).",
+    )
+    strategy: FlceStrategy = Field(
+        default("flce.strategy"),
+        description="auto: the planner picks per call; tokens: chunk over tokens (the C=1 algorithm); "
+        "vocab: chunk over the vocabulary.",
     )
     reason: str | None = Field(None, description="Why the knob has this value for this family.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, data: Any) -> Any:
+        return one_budget(data)
 
 
 class JsdSpec(StrictModel):
