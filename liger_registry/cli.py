@@ -10,7 +10,6 @@ import yaml
 
 from liger_registry.console import print_table
 from liger_registry.registry import RegistryError, UnsupportedModelError, explain, load_registry
-from liger_registry.registry.errors import KernelsContractMissing
 from liger_registry.schemas import FamilyEntry, PolicyFile
 
 
@@ -117,7 +116,16 @@ def _explain(args) -> int:
         hidden=args.hidden,
         vocab=args.vocab,
     )
-    print(explanation)
+    if args.tokens is None:
+        print(explanation)
+        return 0
+    from liger_registry.kernel_contract import KernelsContractMissing  # the plan needs the kernels anyway
+
+    try:
+        print(explanation)
+    except KernelsContractMissing as exc:
+        print(f"liger-registry: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0) and 2
     try:
         return COMMANDS[args.command](args)
-    except (RegistryError, UnsupportedModelError, KernelsContractMissing) as exc:
+    except (RegistryError, UnsupportedModelError) as exc:
         print(f"liger-registry: {exc}", file=sys.stderr)
         return 1
 

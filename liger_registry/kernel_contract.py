@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from liger_registry import kernels
-from liger_registry.registry.errors import KernelsContractMissing
 
 try:
     from liger_registry.kernels import FlceOptions
@@ -36,6 +35,10 @@ except ImportError:  # pre-contract kernels: the same fields, validated by the k
         def __post_init__(self) -> None:
             if self.chunk_mem_const is not None and self.max_chunk_mib is not None:
                 raise ValueError("chunk_mem_const and max_chunk_mib are one budget: set at most one")
+
+
+class KernelsContractMissing(RuntimeError):
+    """The installed kernels lack a piece of the contract this feature needs (the kernels branch is not merged)."""
 
 
 HAS_FLCE_PLAN = hasattr(kernels, "flce_plan")

@@ -30,10 +30,6 @@ class UnsupportedModelError(ValueError):
         )
 
 
-class KernelsContractMissing(RuntimeError):
-    """The installed kernels lack a piece of the contract this feature needs (the kernels branch is not merged)."""
-
-
 class PatchError(ValueError):
     """A patch could not be applied; the model was rolled back to how it was."""
 

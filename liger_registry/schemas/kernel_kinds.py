@@ -43,12 +43,17 @@ class KernelKind:
     scope: Scope
     maker: str
     description: str
-    op: str
-    liger_key: str | None = None
+    op: str = ""  # the kernel op decide_backend knows it by; "" = the kind's name
+    liger_key: str | None = ""  # its liger_kernel_config key; "" = the kind's name, None = none
     attributes: tuple[str, ...] = ()
     patchable: tuple[str, ...] = ()
     function_module: str | None = None
     activations: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for attr in ("op", "liger_key"):
+            if getattr(self, attr) == "":
+                object.__setattr__(self, attr, self.name)
 
     @property
     def module_forward(self) -> bool:
@@ -70,8 +75,6 @@ KINDS: dict[str, KernelKind] = {
             "module forward",
             "liger_registry.modules.rms_norm:rms_norm_forward",
             "Fused RMSNorm on the listed norm classes.",
-            op="rms_norm",
-            liger_key="rms_norm",
             attributes=("weight_attr", "eps_attr"),
             patchable=("casting_mode",),
         ),
@@ -81,8 +84,6 @@ KINDS: dict[str, KernelKind] = {
             "module function",
             "liger_registry.modules.rope:apply_rotary_pos_emb",
             "Fused rotary embedding of q and k together.",
-            op="rope",
-            liger_key="rope",
         ),
         KernelKind(
             "swiglu",
@@ -90,8 +91,6 @@ KINDS: dict[str, KernelKind] = {
             "module forward",
             "liger_registry.modules.glu:swiglu_forward",
             "Fused silu(gate) * up in the listed MLP classes.",
-            op="swiglu",
-            liger_key="swiglu",
             attributes=("gate", "up", "down"),
             activations=("silu", "swish"),
         ),
@@ -101,8 +100,6 @@ KINDS: dict[str, KernelKind] = {
             "module forward",
             "liger_registry.modules.glu:geglu_forward",
             "Fused gelu_tanh(gate) * up in the listed MLP classes.",
-            op="geglu",
-            liger_key="geglu",
             attributes=("gate", "up", "down"),
             activations=("gelu_pytorch_tanh", "gelu_tanh"),
         ),
@@ -112,8 +109,6 @@ KINDS: dict[str, KernelKind] = {
             "module forward",
             "liger_registry.modules.layer_norm:layer_norm_forward",
             "Fused LayerNorm on the listed classes.",
-            op="layer_norm",
-            liger_key="layer_norm",
             attributes=("eps_attr",),
         ),
         KernelKind(
@@ -122,8 +117,6 @@ KINDS: dict[str, KernelKind] = {
             "module function",
             "liger_registry.modules.cross_entropy:fixed_cross_entropy",
             "Cross entropy on materialised logits.",
-            op="cross_entropy",
-            liger_key="cross_entropy",
             function_module="transformers.loss.loss_utils",
         ),
     )

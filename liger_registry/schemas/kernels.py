@@ -11,6 +11,10 @@ from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default
 
 CastingMode = Literal["llama", "gemma", "none"]
+# Sections of registry/defaults.yaml the specs read their defaults from.
+RMS_NORM, ROPE, GLU, LAYER_NORM, CROSS_ENTROPY = (
+    f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "cross_entropy")
+)
 _TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
 
 
@@ -48,32 +52,28 @@ class RmsNormSpec(ModuleKernelSpec):
     """RMSNorm: y = x / rms(x) * (offset + weight)."""
 
     casting_mode: CastingMode = Field(
-        default("kernels.rms_norm.casting_mode"),
+        default(RMS_NORM + "casting_mode"),
         description="llama: normalise in fp32, cast back, then scale; gemma: all in fp32; none: input dtype.",
     )
     offset: StrictFloat | StrictInt = Field(
-        default("kernels.rms_norm.offset"), description="Added to the weight (Gemma stores weight - 1)."
+        default(RMS_NORM + "offset"), description="Added to the weight (Gemma stores weight - 1)."
     )
     eps_attr: str = Field(
-        default("kernels.rms_norm.eps_attr"), description="Attribute of the module that holds epsilon."
+        default(RMS_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
     )
     weight_attr: str = Field(
-        default("kernels.rms_norm.weight_attr"), description="Attribute of the module that holds the scale."
+        default(RMS_NORM + "weight_attr"), description="Attribute of the module that holds the scale."
     )
 
 
 class GluSpec(ModuleKernelSpec):
     """A gated MLP down(act(gate(x)) * up(x)) whose activation the fused kernel computes."""
 
-    gate: str = Field(
-        default("kernels.glu.gate"), description="Attribute of the MLP holding the gate projection."
-    )
-    up: str = Field(default("kernels.glu.up"), description="Attribute of the MLP holding the up projection.")
-    down: str = Field(
-        default("kernels.glu.down"), description="Attribute of the MLP holding the down projection."
-    )
+    gate: str = Field(default(GLU + "gate"), description="Attribute of the MLP holding the gate projection.")
+    up: str = Field(default(GLU + "up"), description="Attribute of the MLP holding the up projection.")
+    down: str = Field(default(GLU + "down"), description="Attribute of the MLP holding the down projection.")
     act_config_attr: str | list[str] = Field(
-        default("kernels.glu.act_config_attr"),
+        default(GLU + "act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
         "the plan checks it against the kernel's activation, and a config without it is an error.",
     )
@@ -83,25 +83,23 @@ class LayerNormSpec(ModuleKernelSpec):
     """LayerNorm with weight and bias."""
 
     eps_attr: str = Field(
-        default("kernels.layer_norm.eps_attr"), description="Attribute of the module that holds epsilon."
+        default(LAYER_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
     )
 
 
 class RopeSpec(KernelSpec):
     """Rotary embedding: a module-level function, so it can only be patched module-wide."""
 
-    function: str = Field(
-        default("kernels.rope.function"), description="Function name in the family's module."
-    )
+    function: str = Field(default(ROPE + "function"), description="Function name in the family's module.")
 
 
 class CrossEntropySpec(KernelSpec):
     """Cross entropy on materialised logits: replaces transformers' loss helper module-wide."""
 
     enabled: StrictBool = Field(
-        default("kernels.cross_entropy.enabled"),
+        default(CROSS_ENTROPY + "enabled"),
         description="Off by default: FLCE already covers the training loss.",
     )
     function: str = Field(
-        default("kernels.cross_entropy.function"), description="Function in transformers.loss.loss_utils."
+        default(CROSS_ENTROPY + "function"), description="Function in transformers.loss.loss_utils."
     )
