@@ -17,7 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="liger-registry", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     lint = sub.add_parser("lint", help="check forwards, YAML files and targets")
-    lint.add_argument("--deep", action="store_true", help="also run each family's tiny model through skip_logits")
+    lint.add_argument(
+        "--deep", action="store_true", help="also run each family's tiny model through skip_logits"
+    )
     lint.add_argument("--format", choices=["text", "json"], default="text")
     lint.add_argument("--registry", action="append", default=[], metavar="DIR", help="extra YAML directory")
     sub.add_parser("list", help="families, their kernels and tested transformers versions").add_argument(
@@ -26,9 +28,24 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="one family entry, resolved")
     show.add_argument("family")
     show.add_argument("--registry", action="append", default=[], metavar="DIR")
-    exp = sub.add_parser("explain", help="resolved configuration of a model type, with provenance")
+    exp = sub.add_parser(
+        "explain", help="resolved configuration of a model type, with provenance, backends and the FLCE plan"
+    )
     exp.add_argument("model_type")
-    exp.add_argument("--policy", action="append", metavar="FILE")
+    exp.add_argument(
+        "--policy", action="append", metavar="FILE|NAME", help="policy file or registry policy name"
+    )
+    exp.add_argument("--device", default="cpu", help="device the backends are decided for (default cpu)")
+    exp.add_argument(
+        "--dtype", default=None, help="dtype of the backends (float32) and of the plan (bfloat16)"
+    )
+    exp.add_argument("--tokens", type=int, metavar="N", help="print the FLCE plan for N tokens per step")
+    exp.add_argument(
+        "--hidden", type=int, metavar="H", help="hidden size for the plan (default: the config's)"
+    )
+    exp.add_argument(
+        "--vocab", type=int, metavar="V", help="vocabulary size for the plan (default: the config's)"
+    )
     schema = sub.add_parser("schema", help="JSON Schema of the YAML files")
     schema.add_argument("--kind", choices=["family", "policy", "all"], default="all")
     demo = sub.add_parser("demo", help="train a tiny Llama unpatched and patched")
@@ -39,15 +56,27 @@ def _parser() -> argparse.ArgumentParser:
 def _lint(args) -> int:
     from liger_registry.lint import lint
 
-    findings = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    results = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    findings = [f for f in results if f.severity == "error"]
+    notes = [f for f in results if f.severity != "error"]
     if args.format == "json":
-        print(json.dumps({"ok": not findings, "findings": [f.as_dict() for f in findings]}, indent=2))
-    elif findings:
-        print("\n".join(map(str, findings)))
+        print(
+            json.dumps(
+                {
+                    "ok": not findings,
+                    "findings": [f.as_dict() for f in findings],
+                    "notes": [n.as_dict() for n in notes],
+                },
+                indent=2,
+            )
+        )
+        return 1 if findings else 0
+    print("\n".join(map(str, notes + findings)))
+    if findings:
         print(f"{len(findings)} finding(s)")
     else:
-        print(f"well-formed: {len(load_registry(*args.registry).families)} families, all checks pass"
-              + (" (deep)" if args.deep else ""))
+        families = len(load_registry(*args.registry).families)
+        print(f"well-formed: {families} families, all checks pass" + (" (deep)" if args.deep else ""))
     return 1 if findings else 0
 
 
@@ -63,7 +92,9 @@ def _list(args) -> int:
     rows = []
     for name, loaded in sorted(registry.families.items()):
         on, off = _kernels(loaded.entry)
-        rows.append([name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"])
+        rows.append(
+            [name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"]
+        )
     print_table(["family", "model types", "kernels", "off", "transformers tested"], rows)
     return 0
 
@@ -76,7 +107,25 @@ def _show(args) -> int:
 
 
 def _explain(args) -> int:
-    print(explain(args.model_type, policy=args.policy))
+    explanation = explain(
+        args.model_type,
+        policy=args.policy,
+        device=args.device,
+        dtype=args.dtype,
+        tokens=args.tokens,
+        hidden=args.hidden,
+        vocab=args.vocab,
+    )
+    if args.tokens is None:
+        print(explanation)
+        return 0
+    from liger_registry.kernel_contract import KernelsContractMissing  # the plan needs the kernels anyway
+
+    try:
+        print(explanation)
+    except KernelsContractMissing as exc:
+        print(f"liger-registry: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -93,7 +142,14 @@ def _demo(args) -> int:
     return 0
 
 
-COMMANDS = {"lint": _lint, "list": _list, "show": _show, "explain": _explain, "schema": _schema, "demo": _demo}
+COMMANDS = {
+    "lint": _lint,
+    "list": _list,
+    "show": _show,
+    "explain": _explain,
+    "schema": _schema,
+    "demo": _demo,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,13 @@ from liger_registry.console import print_table, progress
 
 def _model(seed: int) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
@@ -42,7 +47,10 @@ def run_demo(steps: int = 5, seed: int = 0) -> tuple[list[float], list[float]]:
     handle = liger_registry.apply(model)
     patched = _train(model, batches, "patched")
     print(handle.report)
-    rows = [[str(i), f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.2e}"] for i, (a, b) in enumerate(zip(baseline, patched, strict=True))]
+    rows = [
+        [str(i), f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.2e}"]
+        for i, (a, b) in enumerate(zip(baseline, patched, strict=True))
+    ]
     print_table(["step", "unpatched loss", "patched loss", "|diff|"], rows, title="tiny Llama, float32, CPU")
     handle.revert()
     print("reverted:", "forward" not in vars(model))

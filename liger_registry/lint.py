@@ -12,7 +12,15 @@ from liger_registry.forwards import get_forward, registered_forwards
 from liger_registry.registry.applier import apply
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
-from liger_registry.registry.targets import resolve_class, target_problems, version_problem
+from liger_registry.registry.plan import never_fuses
+from liger_registry.registry.targets import (
+    moe_problems,
+    resolve_class,
+    target_problems,
+    transformers_version,
+    version_problem,
+)
+from liger_registry.schemas.kernel_kinds import FLCE_KEY
 
 P = inspect.Parameter
 
@@ -24,9 +32,11 @@ class Finding:
     check: str
     where: str
     message: str
+    severity: str = "error"  # error | note (what was proved, or why a proof could not run; exit code 0)
 
     def __str__(self) -> str:
-        return f"{self.where}: [{self.check}] {self.message}"
+        tag = self.check if self.severity == "error" else f"{self.check} note"
+        return f"{self.where}: [{tag}] {self.message}"
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -55,9 +65,15 @@ def lint_forward(fn: Callable, original: Callable | None = None) -> list[Finding
     findings = []
     skip = params.get("skip_logits")
     if skip is None or skip.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
-        findings.append(Finding("skip-logits", where, "skip_logits is not a named parameter (only **kwargs would take it)"))
+        findings.append(
+            Finding(
+                "skip-logits", where, "skip_logits is not a named parameter (only **kwargs would take it)"
+            )
+        )
     elif skip.default is not None:
-        findings.append(Finding("skip-logits", where, f"skip_logits must default to None, not {skip.default!r}"))
+        findings.append(
+            Finding("skip-logits", where, f"skip_logits must default to None, not {skip.default!r}")
+        )
     if original is not None:
         for param in list(inspect.signature(original).parameters.values())[1:]:
             if not _accepts(params, param):
@@ -76,7 +92,11 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
         spec = get_forward(entry.forward)
     except KeyError as exc:
         return [*findings, Finding("forward", where, str(exc.args[0]))]
-    if not findings:
+    if entry.head is not None and entry.flce.enabled and not spec.fuses:
+        findings.append(Finding("forward", where, never_fuses(entry.forward)))
+    if entry.head is not None and spec.moe:
+        findings += [Finding("moe", where, p) for p in moe_problems(entry)]
+    if not findings and entry.head is not None:
         original = resolve_class(entry, entry.causal_lm).forward
         findings += lint_forward(spec.fn, original)
     return findings
@@ -92,7 +112,7 @@ def lint(deep: bool = False, registry_dirs: tuple = (), registry: Registry | Non
     for loaded in registry.families.values():
         family_findings = _family_findings(loaded)
         findings += family_findings
-        if deep and not family_findings:
+        if deep and not [f for f in family_findings if f.severity == "error"]:
             findings += deep_check(loaded, registry)
     return findings
 
@@ -102,28 +122,72 @@ def _loss_close(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 
 def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
-    """Build the family's tiny model and check the four skip_logits behaviours at run time."""
+    """Build the family's tiny model and check the four skip_logits behaviours of its forward at run time.
+
+    A family without a causal-LM head (`head: null`) is proved to have none instead; a family whose original
+    forward is declared broken on the installed transformers (`known_broken`) gets a note saying so.
+    """
     from liger_registry.testing import tiny_batch, tiny_model
 
-    where, mode = f"{loaded.path} (deep)", loaded.entry.skip_logits
+    entry, where = loaded.entry, f"{loaded.path} (deep)"
+    note_at = f"{entry.family} (deep)"
     try:
-        model = tiny_model(loaded.entry.model_types[0], registry=registry)
+        model = tiny_model(entry.model_types[0], registry=registry)
     except (ValueError, KeyError, UnsupportedModelError, RuntimeError, TypeError) as exc:
         return [Finding("deep", where, f"cannot build a tiny model: {exc}")]
-    if not loaded.entry.flce.enabled:
-        # The original forward stays: there is no skip_logits to check, only that the kernels install.
+    if entry.head is None:
+        return _no_head_findings(model, entry, where, registry, note_at)
+    if broken := entry.broken_on(transformers_version()):
         apply(model, registry=registry).revert()
-        return []
+        return [Finding("deep", note_at, f"skip_logits proof not run: {broken}", "note")]
     batch = tiny_batch(model)
     with torch.no_grad():
         reference = model(**batch).loss
-    handle = apply(model, registry=registry)
-    try:
-        return [Finding("deep", where, m) for m in _skip_logits_problems(model, batch, reference, mode)]
-    except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
-        return [Finding("deep", where, f"the patched forward raised {type(exc).__name__}: {exc}")]
-    finally:
-        handle.revert()
+    # As configured, and with FLCE off ("never fuse"): the forward owns skip_logits either way.
+    variants = {"FLCE on": {}, "FLCE off": {FLCE_KEY: False}} if entry.flce.enabled else {"FLCE off": {}}
+    findings = []
+    for label, overrides in variants.items():
+        handle = apply(model, registry=registry, **overrides)
+        try:
+            problems = _skip_logits_problems(model, batch, reference, entry.skip_logits)
+        except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
+            problems = [f"the patched forward raised {type(exc).__name__}: {exc}"]
+        finally:
+            handle.revert()
+        findings += [Finding("deep", where, f"{label}: {m}") for m in problems]
+    if findings:
+        return findings
+    proved = " and ".join(variants)
+    return [
+        Finding("deep", note_at, f"skip_logits None/True/False/True-without-labels proved ({proved})", "note")
+    ]
+
+
+def _no_head_findings(model, entry, where: str, registry: Registry, note_at: str) -> list[Finding]:
+    """`head: null` must be true: no lm_head, no labels parameter, no logits in the output."""
+    from liger_registry.testing import tiny_batch
+
+    problems = []
+    if isinstance(getattr(model, "lm_head", None), torch.nn.Module):
+        problems.append(f"head: null, but {type(model).__name__} has an lm_head")
+    if "labels" in inspect.signature(type(model).forward).parameters:
+        problems.append(f"head: null, but {type(model).__name__}.forward takes labels")
+    inputs = {k: v for k, v in tiny_batch(model).items() if k != "labels"}
+    with torch.no_grad():
+        if "logits" in model(**inputs):
+            problems.append(f"head: null, but {type(model).__name__} returns logits")
+    if problems:
+        return [Finding("deep", where, p) for p in problems]
+    apply(model, registry=registry).revert()
+    return [
+        Finding(
+            "deep",
+            note_at,
+            f"no causal-LM head: {type(model).__name__} has no lm_head, takes no labels and returns no logits "
+            "(proved); kernels only, no forward",
+            "note",
+        )
+    ]
 
 
 def _skip_logits_problems(model, batch, reference, mode: str) -> list[str]:
@@ -133,14 +197,20 @@ def _skip_logits_problems(model, batch, reference, mode: str) -> list[str]:
         model.train()
         default = model(**batch)
         if (default.logits is None) != (mode in ("auto", "labels")):
-            problems.append(f"training with labels and skip_logits=None (mode {mode}): logits {'missing' if default.logits is None else 'returned'}")
+            problems.append(
+                f"training with labels and skip_logits=None (mode {mode}): logits {'missing' if default.logits is None else 'returned'}"
+            )
         kept = model(**batch, skip_logits=False)
         if kept.logits is None:
             problems.append("skip_logits=False in training mode returned no logits")
         skipped = model(**batch, skip_logits=True)
         if skipped.logits is not None:
             problems.append("skip_logits=True returned logits")
-        for label, out in (("skip_logits=None", default), ("skip_logits=False", kept), ("skip_logits=True", skipped)):
+        for label, out in (
+            ("skip_logits=None", default),
+            ("skip_logits=False", kept),
+            ("skip_logits=True", skipped),
+        ):
             if not _loss_close(out.loss, reference):
                 problems.append(f"{label}: loss {out.loss} differs from the unpatched loss {reference}")
         try:
@@ -149,9 +219,13 @@ def _skip_logits_problems(model, batch, reference, mode: str) -> list[str]:
         except ValueError:
             pass
         except Exception as exc:  # the lint reports a crashing forward, it does not crash with it
-            problems.append(f"skip_logits=True without labels raised {type(exc).__name__}, not ValueError: {exc}")
+            problems.append(
+                f"skip_logits=True without labels raised {type(exc).__name__}, not ValueError: {exc}"
+            )
         model.eval()
         evaluated = model(**batch)
         if (evaluated.logits is None) != (mode == "labels"):
-            problems.append(f"eval with labels and skip_logits=None (mode {mode}): logits {'missing' if evaluated.logits is None else 'returned'}")
+            problems.append(
+                f"eval with labels and skip_logits=None (mode {mode}): logits {'missing' if evaluated.logits is None else 'returned'}"
+            )
     return problems

@@ -54,7 +54,13 @@ def _update(config: PretrainedConfig, values: dict[str, Any]) -> None:
             setattr(config, key, value)
 
 
-def tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32, registry: Registry | None = None, **overrides: Any):
+def tiny_model(
+    model_type: str,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    registry: Registry | None = None,
+    **overrides: Any,
+):
     """A randomly initialised model of the family's `causal_lm` class (the head FLCE patches), on CPU."""
     registry = registry or load_registry()
     config = tiny_config(model_type, registry, **overrides)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from liger_registry import kernels
+from liger_registry import kernel_contract
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
     call_fused_head,
@@ -44,21 +45,25 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
     head = ctx.entry.head
     shift_labels = _shift_labels(labels, extra)
     num_items = extra.get("num_items_in_batch")
-    softcap, scale = logit_transform(text_config(model.config, head.text_config_attr), head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr)
+    softcap, scale = logit_transform(
+        text_config(model.config, head.text_config_attr),
+        head.softcap_attr,
+        head.logit_scale_attr,
+        head.logit_multiplier_attr,
+    )
     accuracy = bool(extra.get("return_token_accuracy"))
+    options = dataclasses.replace(
+        ctx.flce_options,
+        softcap=softcap,
+        logit_scale=scale,
+        reduction="mean" if num_items is None else "sum",
+        ignore_index=extra.get("ignore_index", IGNORE_INDEX),
+    )
 
     def compute(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-        return kernels.fused_linear_cross_entropy(
-            h.reshape(-1, h.shape[-1]),
-            weight,
-            shift_labels.reshape(-1).to(h.device),
-            bias,
-            ignore_index=extra.get("ignore_index", IGNORE_INDEX),
-            softcap=softcap,
-            logit_scale=scale,
-            reduction="mean" if num_items is None else "sum",
-            chunk_mem_const=ctx.entry.flce.chunk_mem_const,
-            return_token_accuracy=accuracy,
+        target = shift_labels.reshape(-1).to(h.device)
+        return kernel_contract.fused_linear_cross_entropy(
+            h.reshape(-1, h.shape[-1]), weight, target, bias, options=options, return_token_accuracy=accuracy
         )
 
     result = call_fused_head(getattr(model, head.lm_head), hidden, compute)
@@ -106,7 +111,10 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
         warn_unfusable(getattr(model, ctx.entry.head.lm_head))
     head = ctx.entry.head
     config = text_config(model.config, head.text_config_attr)
-    logits = postprocess_logits(getattr(model, head.lm_head)(hidden), *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr))
+    logits = postprocess_logits(
+        getattr(model, head.lm_head)(hidden),
+        *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr),
+    )
     loss = None
     if has_labels:
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
@@ -118,7 +126,9 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
 def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any:
     _refuse_trl_fused_head(extra)
     base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
-    return getattr(model, ctx.entry.head.base_model)(**base_args, **{k: v for k, v in extra.items() if k not in HEAD_EXTRA})
+    return getattr(model, ctx.entry.head.base_model)(
+        **base_args, **{k: v for k, v in extra.items() if k not in HEAD_EXTRA}
+    )
 
 
 def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> Any:
@@ -149,7 +159,11 @@ def _moe_constant(model: Any, config: Any, *names: str) -> Any:
     return value
 
 
-@register_forward("causal_lm_moe", "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.")
+@register_forward(
+    "causal_lm_moe",
+    "MoE causal LM: as causal_lm, plus the router load-balancing loss as HF adds it.",
+    moe=True,
+)
 def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
     named, extra = ctx.bind(model, args, kwargs)
     config = text_config(model.config, ctx.entry.head.text_config_attr)
@@ -161,12 +175,13 @@ def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = 
     loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)
     aux_loss = None
     if router.get("output_router_logits"):
-        aux_loss = ctx.module.load_balancing_loss_func(
+        moe = ctx.entry.head.moe
+        aux_loss = getattr(ctx.module, moe.aux_loss_function)(
             outputs.router_logits,
-            _moe_constant(model, config, "num_experts", "num_local_experts"),
-            _moe_constant(model, config, "num_experts_per_tok"),
+            _moe_constant(model, config, *moe.num_experts_attrs),
+            _moe_constant(model, config, moe.top_k_attr),
             named.get("attention_mask"),
         )
         if loss is not None:
-            loss = loss + _moe_constant(model, config, "router_aux_loss_coef") * aux_loss.to(loss.device)
+            loss = loss + _moe_constant(model, config, moe.coefficient_attr) * aux_loss.to(loss.device)
     return _output(ctx, outputs, named, loss=loss, logits=logits, aux_loss=aux_loss)

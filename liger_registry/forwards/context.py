@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 
 from transformers import modeling_outputs
 
+from liger_registry.kernel_contract import FlceOptions
 from liger_registry.schemas import FamilyEntry
 
 _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "MoeCausalLMOutputWithPast"}
@@ -20,20 +20,36 @@ _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "Moe
 
 @dataclass
 class ForwardContext:
+    """Bound once per installed forward: the resolved entry, the original forward, and the FLCE options built
+    from the resolved FLCE spec (each call replaces only what comes from the model's config and the call)."""
+
     entry: FamilyEntry
     original: Callable
     module: ModuleType
     signature: inspect.Signature = field(init=False)
     output_class: type = field(init=False)
+    flce_options: FlceOptions | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)
         self.output_class = self._output_class()
+        flce = self.entry.flce
+        self.flce_options = (
+            FlceOptions(
+                chunk_mem_const=flce.chunk_mem_const, max_chunk_mib=flce.max_chunk_mib, strategy=flce.strategy
+            )
+            if flce.enabled
+            else None
+        )
 
     def _output_class(self) -> type:
         annotation = self.signature.return_annotation
         # `tuple | XCausalLMOutputWithPast` (multimodal heads): the ModelOutput member of the union.
-        members = annotation.split("|") if isinstance(annotation, str) else typing.get_args(annotation) or [annotation]
+        members = (
+            annotation.split("|")
+            if isinstance(annotation, str)
+            else typing.get_args(annotation) or [annotation]
+        )
         for member in members:
             if isinstance(member, str):
                 member = member.strip().rpartition(".")[2]
@@ -59,7 +75,9 @@ class ForwardContext:
 
     def default(self, name: str) -> Any:
         parameter = self.signature.parameters.get(name)
-        return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+        return (
+            None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+        )
 
 
 def installed_signature(original: Callable) -> inspect.Signature:
@@ -69,7 +87,9 @@ def installed_signature(original: Callable) -> inspect.Signature:
     """
     signature = inspect.signature(original)
     params = list(signature.parameters.values())
-    skip = inspect.Parameter("skip_logits", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=bool | None)
+    skip = inspect.Parameter(
+        "skip_logits", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=bool | None
+    )
     at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
     params.insert(at, skip)
     return signature.replace(parameters=params)
@@ -85,8 +105,5 @@ def bind_forward(fn: Callable, ctx: ForwardContext) -> Callable:
     forward.__signature__ = installed_signature(ctx.original)
     forward.__wrapped__ = fn
     forward.__liger_forward__ = fn
+    forward.__liger_context__ = ctx
     return forward
-
-
-def family_module(entry: FamilyEntry) -> ModuleType:
-    return sys.modules[entry.module]

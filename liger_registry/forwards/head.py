@@ -18,7 +18,9 @@ def active_head(lm_head: nn.Module) -> nn.Module:
     """The module that computes the logits: PEFT's `modules_to_save` copy of the head, or the original
     when no adapter is active."""
     copies = getattr(lm_head, "modules_to_save", None)
-    if not (isinstance(copies, nn.ModuleDict) and isinstance(getattr(lm_head, "original_module", None), nn.Module)):
+    if not (
+        isinstance(copies, nn.ModuleDict) and isinstance(getattr(lm_head, "original_module", None), nn.Module)
+    ):
         return lm_head
     active = list(getattr(lm_head, "active_adapters", None) or [])
     if getattr(lm_head, "disable_adapters", False) or not active or active[0] not in copies:
@@ -72,7 +74,9 @@ def _sharded_head(lm_head: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     Outside its own forward such a head holds only a shard (FSDP2: DTensor parameters; FSDP1: a flat
     parameter): the full weight exists only while the head is being called.
     """
-    if type(lm_head).__name__ == "FullyShardedDataParallel" and isinstance(getattr(lm_head, "module", None), nn.Module):
+    if type(lm_head).__name__ == "FullyShardedDataParallel" and isinstance(
+        getattr(lm_head, "module", None), nn.Module
+    ):
         return lm_head, lm_head.module
     try:
         from torch.distributed.fsdp import FSDPModule

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 
 def resolve_skip_logits(skip_logits: bool | None, mode: str, training: bool, has_labels: bool) -> bool:
-    """Whether to compute the loss with fused linear cross entropy and return no logits.
+    """Whether to return no logits (and, when the family's FLCE is on, compute the loss without them).
 
     None follows the mode: `auto` skips in training mode when labels are given, `labels` whenever labels
-    are given, `never` always materialises logits. True without labels is an error: there is no loss to fuse.
+    are given, `never` always materialises logits. True without labels is an error: there is no loss to compute.
+    With FLCE off ("never fuse") the answer means the same to the caller: True gives the loss, computed from
+    materialised logits, and no logits; False gives the logits and the loss.
     """
     if skip_logits is None:
         if mode == "auto":
@@ -20,5 +22,7 @@ def resolve_skip_logits(skip_logits: bool | None, mode: str, training: bool, has
     if not isinstance(skip_logits, bool):
         raise TypeError(f"skip_logits must be True, False or None, got {skip_logits!r}")
     if skip_logits and not has_labels:
-        raise ValueError("skip_logits=True needs labels or shift_labels: without them there is no loss to compute")
+        raise ValueError(
+            "skip_logits=True needs labels or shift_labels: without them there is no loss to compute"
+        )
     return skip_logits

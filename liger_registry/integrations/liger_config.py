@@ -6,52 +6,74 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import Registry, load_registry
+from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS, Overrides
 
-# The keys of `liger_kernel_config` that TrainingArguments documents, and the override each one drives.
-LIGER_KEYS = ("rope", "rms_norm", "swiglu", "geglu", "layer_norm", "cross_entropy", "fused_linear_cross_entropy")
+# Non-boolean knobs a liger_kernel_config-style dict may carry besides the kernel switches (issue 10).
+LIGER_KNOBS = ("chunk_mem_const", "max_chunk_mib", "flce_strategy")
+
+__all__ = ["LIGER_KEYS", "LIGER_KNOBS", "overrides_from_liger_kernel_config"]
 
 
 def _declared(entry: Any, key: str) -> tuple[bool, bool, str | None]:
-    """(declared, enabled, reason) of a kernel in a resolved family entry."""
-    if key == "fused_linear_cross_entropy":
-        return True, entry.flce.enabled, entry.flce.reason
-    spec = getattr(entry.kernels, key)
-    if spec is None:
-        return False, False, None
-    return True, spec.enabled, spec.reason
+    """(declared, enabled, reason) of the kernel a key switches, in a family entry: the section that holds
+    the key's `enabled` knob (`kernels.<kind>` or `flce`)."""
+    section: Any = entry
+    for part in OVERRIDE_PATHS[key].split(".")[:-1]:
+        section = getattr(section, part)
+        if section is None:
+            return False, False, None
+    return True, section.enabled, section.reason
+
+
+def _knob_problems(knobs: dict[str, Any]) -> list[str]:
+    try:
+        Overrides.model_validate(knobs)
+    except ValidationError as exc:
+        return [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    return []
 
 
 def overrides_from_liger_kernel_config(
     config: Mapping[str, Any] | None, model_type: str | None = None, registry: Registry | None = None
-) -> dict[str, bool]:
+) -> dict[str, Any]:
     """Keyword overrides for `liger_registry.apply(...)` from a `liger_kernel_config` dict.
 
-    Every key must be one of LIGER_KEYS and every value a bool, else RegistryError listing all problems.
-    `False` turns a kernel off. `True` means "use it where the family supports it" (liger's default), so it
-    changes nothing; when the family has no such kernel or keeps it off, that is said in a warning, never
-    dropped silently. Pass `model_type` to have the family checked; without it the values map one to one.
+    Every key must be one of LIGER_KEYS with a bool value, or one of LIGER_KNOBS (the FLCE budget and
+    strategy: chunk_mem_const, max_chunk_mib, flce_strategy) with a value `apply` accepts, else RegistryError
+    listing all problems. `False` turns a kernel off. `True` means "use it where the family supports it"
+    (liger's default), so it changes nothing; when the family has no such kernel or keeps it off, that is
+    said in a warning, never dropped silently. Knobs pass through as overrides. Pass `model_type` to have
+    the family checked; without it the values map one to one.
     """
     config = dict(config or {})
+    allowed = (*LIGER_KEYS, *LIGER_KNOBS)
     problems = []
     for key, value in config.items():
-        if key not in LIGER_KEYS:
-            problems.append(f"unknown key {key!r}{suggest(str(key), LIGER_KEYS)}; allowed: {', '.join(LIGER_KEYS)}")
-        elif not isinstance(value, bool):
+        if key not in allowed:
+            problems.append(f"unknown key {key!r}{suggest(str(key), allowed)}; allowed: {', '.join(allowed)}")
+        elif key in LIGER_KEYS and not isinstance(value, bool):
             problems.append(f"{key}: expected true or false, got {value!r}")
+    knobs = {k: v for k, v in config.items() if k in LIGER_KNOBS}
+    problems += _knob_problems(knobs)
     if problems:
         raise RegistryError("invalid liger_kernel_config", problems)
+    config = {k: v for k, v in config.items() if k in LIGER_KEYS}
     if model_type is None:
-        return {k: v for k, v in config.items() if v is False}
+        return {**{k: v for k, v in config.items() if v is False}, **knobs}
     entry = (registry or load_registry()).family_for(model_type).entry
-    overrides = {}
+    overrides: dict[str, Any] = dict(knobs)
     for key, value in config.items():
         declared, enabled, reason = _declared(entry, key)
         if value is False and declared:
             overrides[key] = False
         elif value is True and not enabled:
-            why = reason or ("the family declares no such kernel" if not declared else "it is off in the family entry")
+            why = reason or (
+                "the family declares no such kernel" if not declared else "it is off in the family entry"
+            )
             warnings.warn(
                 f"liger_registry: liger_kernel_config {key}=True: family {entry.family!r} does not install it: {why}",
                 stacklevel=2,

@@ -10,7 +10,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from liger_registry.integrations.liger_config import overrides_from_liger_kernel_config
-from liger_registry.registry.applier import PatchHandle, _model_type, _unwrap, apply, patch_handle
+from liger_registry.registry.applier import PatchHandle, apply, patch_handle
+from liger_registry.registry.configure import model_type_of, unwrap_model
 
 
 class LigerRegistryCallback(TrainerCallback):
@@ -39,11 +40,11 @@ class LigerRegistryCallback(TrainerCallback):
     def patch(self, model: Any) -> PatchHandle | None:
         if model is None:
             return None
-        inner = _unwrap(model)
+        inner = unwrap_model(model)
         existing = patch_handle(inner)
         if existing is not None:
             return existing
-        from_config = overrides_from_liger_kernel_config(self.liger_kernel_config, _model_type(inner))
+        from_config = overrides_from_liger_kernel_config(self.liger_kernel_config, model_type_of(inner))
         handle = apply(inner, policy=self.policy, strict=self.strict, **{**from_config, **self.overrides})
         self.handles.append(handle)
         return handle
@@ -72,6 +73,11 @@ class LossOnlyEvalMixin:
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         labelled = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
-        if prediction_loss_only and labelled and "skip_logits" not in inputs and patch_handle(_unwrap(model)):
+        if (
+            prediction_loss_only
+            and labelled
+            and "skip_logits" not in inputs
+            and patch_handle(unwrap_model(model))
+        ):
             inputs = {**inputs, "skip_logits": True}
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)

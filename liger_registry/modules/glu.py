@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from liger_registry import kernels
 from liger_registry.schemas import GluSpec
 
-ACTIVATIONS = {"swiglu": ("silu", "swish"), "geglu": ("gelu_pytorch_tanh", "gelu_tanh")}
 
-
-def glu_forward(spec: GluSpec, kind: str):
-    fused = {"swiglu": kernels.swiglu, "geglu": kernels.geglu}[kind]
+def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
     gate, up, down = spec.gate, spec.up, spec.down
 
     def forward(self, x):
         return getattr(self, down)(fused(getattr(self, gate)(x), getattr(self, up)(x)))
 
     return forward
+
+
+def swiglu_forward(spec: GluSpec) -> Callable:
+    return _glu_forward(spec, kernels.swiglu)
+
+
+def geglu_forward(spec: GluSpec) -> Callable:
+    return _glu_forward(spec, kernels.geglu)

@@ -7,11 +7,20 @@ from liger_registry.schemas import RmsNormSpec
 
 
 def rms_norm_forward(spec: RmsNormSpec):
-    offset, mode, weight_attr, eps_attr = float(spec.offset), spec.casting_mode, spec.weight_attr, spec.eps_attr
+    offset, mode, weight_attr, eps_attr = (
+        float(spec.offset),
+        spec.casting_mode,
+        spec.weight_attr,
+        spec.eps_attr,
+    )
 
     def forward(self, hidden_states):
         return kernels.rms_norm(
-            hidden_states, getattr(self, weight_attr), getattr(self, eps_attr), offset=offset, casting_mode=mode
+            hidden_states,
+            getattr(self, weight_attr),
+            getattr(self, eps_attr),
+            offset=offset,
+            casting_mode=mode,
         )
 
     return forward

@@ -1,27 +1,44 @@
-"""Family entries, their loader, layering, target resolution and the one generic applier."""
+"""Family entries, their loader, layering, target resolution and the one generic applier.
 
-from liger_registry.registry.applier import PatchHandle, apply, patch_handle, patched, revert
-from liger_registry.registry.errors import PatchError, RegistryError, UnsupportedModelError
-from liger_registry.registry.explain import Explanation, explain
-from liger_registry.registry.loader import Registry, load_policy, load_registry
-from liger_registry.registry.report import PatchReport, Replacement
-from liger_registry.registry.resolve import ResolvedConfig
+Names load on first use (PEP 562), so the loader, the resolver and `explain` import without torch.
+"""
 
-__all__ = [
-    "Explanation",
-    "PatchError",
-    "PatchHandle",
-    "PatchReport",
-    "Registry",
-    "RegistryError",
-    "Replacement",
-    "ResolvedConfig",
-    "UnsupportedModelError",
-    "apply",
-    "explain",
-    "load_policy",
-    "load_registry",
-    "patch_handle",
-    "patched",
-    "revert",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "PatchHandle": "applier",
+    "apply": "applier",
+    "patch_handle": "applier",
+    "patched": "applier",
+    "revert": "applier",
+    "configure": "configure",
+    "model_type_of": "configure",
+    "unwrap_model": "configure",
+    "PatchError": "errors",
+    "RegistryError": "errors",
+    "UnsupportedModelError": "errors",
+    "Explanation": "explain",
+    "explain": "explain",
+    "Registry": "loader",
+    "load_policy": "loader",
+    "load_registry": "loader",
+    "PatchReport": "report",
+    "Replacement": "report",
+    "ResolvedConfig": "resolve",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,15 +11,16 @@ from typing import Any
 
 from torch import nn
 
+from liger_registry.registry.backends import decide_backends
+from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.errors import PatchError, RegistryError
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.registry.plan import Planned, make_plan
 from liger_registry.registry.report import PatchReport, Replacement, _name
-from liger_registry.registry.resolve import ResolvedConfig, resolve
+from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import version_problem
 
 _MISSING = object()
-_MODULE_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
 
 @dataclass
@@ -115,39 +116,6 @@ class PatchHandle:
         return f"PatchHandle(family={self.report.family!r}, patched={len(self.report.patched)}, active={self.active})"
 
 
-def _model_type(model: nn.Module) -> str:
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if not model_type:
-        raise PatchError(f"{type(model).__name__} has no config.model_type: is it a transformers model?")
-    return model_type
-
-
-def _unwrap(model: Any) -> Any:
-    """The transformers model inside torch.compile, PEFT (get_base_model), DDP/DataParallel and FSDP1 wrappers."""
-    for _ in range(8):
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif callable(getattr(model, "get_base_model", None)) and type(model).__module__.startswith("peft."):
-            model = model.get_base_model()
-        elif type(model).__name__ in _MODULE_WRAPPERS and isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        else:
-            break
-    return model
-
-
-def configure(
-    model_or_model_type: nn.Module | str,
-    policy: str | Path | list | None = None,
-    registry: Registry | None = None,
-    **overrides: Any,
-) -> ResolvedConfig:
-    registry = registry or load_registry()
-    target = model_or_model_type if isinstance(model_or_model_type, str) else _model_type(_unwrap(model_or_model_type))
-    return resolve(registry, registry.family_for(target), policy, overrides)
-
-
 def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
     if problems and strict:
         raise PatchError(
@@ -186,7 +154,7 @@ def apply(
     """
     config = configure(model_or_model_type, policy, registry, **overrides)
     is_type = isinstance(model_or_model_type, str)
-    model = None if is_type else _unwrap(model_or_model_type)
+    model = None if is_type else unwrap_model(model_or_model_type)
     key = config.family if is_type else model
     if (existing := _existing(key, config)) is not None:
         return existing
@@ -204,15 +172,30 @@ def apply(
             handle._install(planned)
     except Exception as exc:
         handle.revert()
-        raise PatchError(f"liger_registry: patching {config.family!r} failed half-way and was rolled back: {exc}") from exc
+        raise PatchError(
+            f"liger_registry: patching {config.family!r} failed half-way and was rolled back: {exc}"
+        ) from exc
     handle.report.patched = [a.replacement() for a in handle._applied]
+    if model is not None:
+        _decide_backends(handle.report, model)
     if not is_type and any(a.planned.scope == "module" for a in handle._applied):
-        handle.report.warnings.append("module-level functions (e.g. rotary embedding) are patched module-wide")
+        handle.report.warnings.append(
+            "module-level functions (e.g. rotary embedding) are patched module-wide"
+        )
     if is_type:
         _RECORD.families[key] = handle
     else:
         _RECORD.models[key] = handle
     return handle
+
+
+def _decide_backends(report: PatchReport, model: Any) -> None:
+    """The backend each installed kernel uses for the model's device and dtype, with the reasons (report only)."""
+    parameter = next(iter(model.parameters()), None)
+    if parameter is None:
+        return
+    report.backends = decide_backends(report.config.entry, parameter.device, parameter.dtype)
+    report.backends_for = f"{parameter.device} / {str(parameter.dtype).removeprefix('torch.')}"
 
 
 def revert(model_or_model_type: nn.Module | str) -> bool:
@@ -222,7 +205,7 @@ def revert(model_or_model_type: nn.Module | str) -> bool:
         family = registry.family_for(model_or_model_type).entry.family
         handle = _RECORD.families.get(family)
     else:
-        handle = _RECORD.models.get(_unwrap(model_or_model_type))
+        handle = _RECORD.models.get(unwrap_model(model_or_model_type))
     if handle is None:
         return False
     handle.revert()
@@ -242,4 +225,4 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
 def patch_handle(model_or_model_type: nn.Module | str) -> PatchHandle | None:
     if isinstance(model_or_model_type, str):
         return _RECORD.families.get(model_or_model_type)
-    return _RECORD.models.get(_unwrap(model_or_model_type))
+    return _RECORD.models.get(unwrap_model(model_or_model_type))

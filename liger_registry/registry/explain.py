@@ -1,4 +1,8 @@
-"""The resolved configuration of a model or model type, with provenance, without patching anything."""
+"""The resolved configuration of a model or model type, with provenance, without patching anything.
+
+Optionally also the backend each kernel would use (`device`/`dtype`) and the FLCE plan a step of `tokens`
+tokens would get; those two need the kernels (and torch), the rest does not.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
-from liger_registry.registry.applier import configure
-from liger_registry.registry.report import config_table
-from liger_registry.registry.resolve import ResolvedConfig
+from liger_registry.registry.configure import configure
+from liger_registry.registry.loader import Registry
+from liger_registry.registry.report import config_table, table
+from liger_registry.registry.resolve import BUDGET, ResolvedConfig
 
 
 @dataclass
 class Explanation:
     config: ResolvedConfig
+    device: Any = None  # with dtype: show the backend of each kernel
+    dtype: Any = None
+    tokens: int | None = None  # show the FLCE plan for this many tokens per step
+    hidden: int | None = None
+    vocab: int | None = None
+    model_config: Any = None  # the model's own config (explain on a model), for H and V
 
     def __str__(self) -> str:
         entry = self.config.entry
-        lines = [f"family {entry.family} ({self.config.path.name}); forward {entry.forward}"]
+        forward = "none (no causal-LM head)" if entry.head is None else entry.forward
+        lines = [f"family {entry.family} ({self.config.path.name}); forward {forward}"]
         if self.config.policies:
             lines.append(f"policies: {', '.join(self.config.policies)}")
         lines.append(config_table(self.config))
@@ -27,6 +37,11 @@ class Explanation:
         reasons += [("flce", entry.flce.reason)] if entry.flce.reason else []
         reasons += [("family", entry.reason)] if entry.reason else []
         lines += [f"reason ({k}): {r}" for k, r in reasons]
+        lines += [f"known broken: transformers {v}: {why}" for v, why in entry.known_broken.items()]
+        if self.device is not None:
+            lines.append(self.backends_text())
+        if self.tokens is not None:
+            lines.append(self.plan_text())
         return "\n".join(lines)
 
     def value(self, knob: str) -> Any:
@@ -35,6 +50,99 @@ class Explanation:
     def source(self, knob: str):
         return self.config.source(knob)
 
+    def backends(self) -> list:
+        """`kernels.decide_backend` for each installed kernel on this explanation's device and dtype."""
+        from liger_registry.registry.backends import decide_backends
 
-def explain(model_or_model_type: nn.Module | str, policy: str | Path | list | None = None, **overrides: Any) -> Explanation:
-    return Explanation(configure(model_or_model_type, policy, **overrides))
+        return decide_backends(self.config.entry, self.device, _dtype(self.dtype, "float32"))
+
+    def backends_text(self) -> str:
+        rows = [[c.kernel, c.op, c.backend, c.why()] for c in self.backends()]
+        head = f"backends on {self.device} / {str(_dtype(self.dtype, 'float32')).removeprefix('torch.')}:"
+        return head + "\n" + table(["kernel", "op", "backend", "why not triton"], rows)
+
+    def plan(self):
+        """`kernels.flce_plan` for `tokens` tokens with the resolved budget knobs (None when FLCE is off)."""
+        from liger_registry import kernel_contract
+
+        entry = self.config.entry
+        if entry.head is None or not entry.flce.enabled:
+            return None
+        hidden, vocab = self.shape()
+        flce = entry.flce
+        return kernel_contract.flce_plan(
+            self.tokens,
+            hidden,
+            vocab,
+            chunk_mem_const=flce.chunk_mem_const,
+            max_chunk_mib=flce.max_chunk_mib,
+            strategy=flce.strategy,
+            dtype=_dtype(self.dtype, "bfloat16"),
+        )
+
+    def shape(self) -> tuple[int, int]:
+        """(H, V): given, else the model's (text) config, else the model type's config class defaults."""
+        from liger_registry.registry.targets import default_language_config
+
+        entry = self.config.entry
+        config = self.model_config
+        if config is not None:
+            attr = entry.head.text_config_attr if entry.head else None
+            config = getattr(config, attr) if attr else config.get_text_config()
+        else:
+            config = default_language_config(entry)
+        return self.hidden or config.hidden_size, self.vocab or config.vocab_size
+
+    def plan_text(self) -> str:
+        plan = self.plan()
+        if plan is None:
+            return f"FLCE plan for {self.tokens} tokens: none (fused linear cross entropy is off for this family)"
+        hidden, vocab = self.shape()
+        dtype = str(_dtype(self.dtype, "bfloat16")).removeprefix("torch.")
+        knobs = [*BUDGET, "flce.strategy"]
+        lines = [
+            f"FLCE plan for {self.tokens} tokens (H={hidden}, V={vocab}, {dtype}): {plan}",
+            f"  strategy {plan.strategy}: {plan.why}",
+            f"  budget {plan.budget_mib:.1f} MiB, logits buffer {plan.buffer_mib:.1f} MiB, "
+            f"{plan.num_chunks} chunk(s) of {plan.chunk_tokens} tokens x {plan.chunk_vocab} vocabulary",
+        ]
+        lines += [f"  {knob} = {self.value(knob)!r}  (set by {self.source(knob)})" for knob in knobs]
+        return "\n".join(lines)
+
+
+def _dtype(value: Any, fallback: str):
+    import torch
+
+    value = value or fallback
+    return getattr(torch, value) if isinstance(value, str) else value
+
+
+def explain(
+    model_or_model_type: Any,
+    policy: str | Path | list | None = None,
+    *,
+    registry: Registry | None = None,
+    device: Any = None,
+    dtype: Any = None,
+    tokens: int | None = None,
+    hidden: int | None = None,
+    vocab: int | None = None,
+    **overrides: Any,
+) -> Explanation:
+    """What apply() would install, each knob with the layer that set it; patches nothing, imports no applier.
+
+    `device`/`dtype` (e.g. "cpu", "float32"; a model's own when a model is given) add the backend of each
+    kernel with the reasons it is not Triton; `tokens` adds the FLCE plan for that many tokens per step
+    (H and V from `hidden`/`vocab`, else the model's config or the model type's defaults).
+    """
+    config = configure(model_or_model_type, policy, registry, **overrides)
+    model_config = None
+    if not isinstance(model_or_model_type, str):
+        from liger_registry.registry.configure import unwrap_model
+
+        inner = unwrap_model(model_or_model_type)
+        model_config = getattr(inner, "config", None)
+        parameter = next(iter(inner.parameters()), None) if hasattr(inner, "parameters") else None
+        if parameter is not None and device is None:
+            device, dtype = parameter.device, dtype or parameter.dtype
+    return Explanation(config, device, dtype, tokens, hidden, vocab, model_config)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import yaml
 
+from liger_registry.forwards.registry import forward_names
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError, suggest
 from liger_registry.registry.yaml_source import load_model
-from liger_registry.schemas import FamilyEntry, PolicyFile
+from liger_registry.schemas import KINDS, FamilyEntry, PolicyFile
 
 BUNDLED_FAMILIES = Path(__file__).parent / "families"
 BUNDLED_POLICIES = Path(__file__).parent.parent / "policies"
@@ -31,6 +32,7 @@ class LoadedFamily:
 class LoadedPolicy:
     policy: PolicyFile
     path: Path
+    origin: str = "user file"  # bundled | plugin <name> | LIGER_REGISTRY_PATH | directory | user file
 
 
 @dataclass
@@ -40,7 +42,6 @@ class Registry:
     families: dict[str, LoadedFamily] = field(default_factory=dict)
     by_model_type: dict[str, str] = field(default_factory=dict)
     policies: list[LoadedPolicy] = field(default_factory=list)
-    sources: list[Path] = field(default_factory=list)
 
     def family_for(self, model_type: str) -> LoadedFamily:
         name = self.by_model_type.get(model_type)
@@ -54,26 +55,29 @@ class Registry:
         return self.families[name]
 
     def policies_for(self, family: str) -> list[LoadedPolicy]:
-        return [p for p in self.policies if p.policy.applies(family)]
+        """The registry policies applied by default to a family (opt-in ones only when named)."""
+        return [p for p in self.policies if p.policy.applies(family) and not p.policy.opt_in]
+
+    def named_policy(self, name: str) -> LoadedPolicy | None:
+        return next((p for p in self.policies if p.policy.policy == name), None)
 
 
 def _yaml_files(directory: Path) -> list[Path]:
     return sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
 
 
-def _kind(path: Path) -> str:
-    """'family' or 'policy', by the file's identifying top-level key."""
+def _peek(path: Path) -> tuple[str, dict]:
+    """('family' or 'policy', by the file's identifying top-level key; the raw mapping, or {})."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError:
-        return "family"  # load_model reports the syntax error with its line
-    if isinstance(data, dict) and "policy" in data and "family" not in data:
-        return "policy"
-    return "family"
+        return "family", {}  # load_model reports the syntax error with its line
+    data = data if isinstance(data, dict) else {}
+    return ("policy" if "policy" in data and "family" not in data else "family"), data
 
 
-def plugin_directories() -> list[Path]:
-    """Directories that installed plugins expose through the `liger_registry.families` entry points.
+def plugin_directories() -> list[tuple[Path, str]]:
+    """(directory, 'plugin <name>') for each installed plugin's `liger_registry.families` entry point.
 
     An entry point names a directory path (a string), or a callable returning one; importing it is also
     how a plugin registers its forwards with `liger_registry.forwards.register_forward`.
@@ -82,16 +86,29 @@ def plugin_directories() -> list[Path]:
     for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         value = point.load()
         value = value() if callable(value) else value
-        directories.append(Path(value))
+        directories.append((Path(value), f"plugin {point.name}"))
     return directories
 
 
-def registry_directories(extra_dirs: Iterable[str | os.PathLike]) -> list[Path]:
-    env = [Path(p) for p in os.environ.get(PATH_VARIABLE, "").split(os.pathsep) if p]
-    return [BUNDLED_FAMILIES, BUNDLED_POLICIES, *plugin_directories(), *env, *(Path(d) for d in extra_dirs)]
+def registry_directories(extra_dirs: Iterable[str | os.PathLike]) -> list[tuple[Path, str]]:
+    """Every directory the registry reads, in order, each with where it came from."""
+    env = [(Path(p), PATH_VARIABLE) for p in os.environ.get(PATH_VARIABLE, "").split(os.pathsep) if p]
+    bundled = [(BUNDLED_FAMILIES, "bundled"), (BUNDLED_POLICIES, "bundled")]
+    return [*bundled, *plugin_directories(), *env, *((Path(d), "directory") for d in extra_dirs)]
 
 
 _FUNCTION = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
+
+
+def forward_problem(path: Path, name: str) -> str | None:
+    """A forward name that is not registered (checked by name: no forward is imported for it)."""
+    forwards = forward_names()
+    if name in forwards:
+        return None
+    return (
+        f"{path}: forward: {name!r} is not a registered forward{suggest(name, forwards)}; "
+        f"registered: {', '.join(sorted(forwards))} (forwards are registered by code, never named by path)"
+    )
 
 
 def code_problems(loaded: LoadedFamily) -> list[str]:
@@ -100,20 +117,13 @@ def code_problems(loaded: LoadedFamily) -> list[str]:
     The forward must be in the forwards table (plugins fill it when their entry point loads, before any
     YAML is read); functions are names in the family's module or `transformers.<module>:<name>`.
     """
-    from liger_registry.forwards import registered_forwards
-
-    entry, problems = loaded.entry, []
-    forwards = registered_forwards()
-    if entry.forward not in forwards:
-        problems.append(
-            f"{loaded.path}: forward: {entry.forward!r} is not a registered forward{suggest(entry.forward, forwards)}; "
-            f"registered: {', '.join(sorted(forwards))} (forwards are registered by code, never named by path)"
-        )
+    entry = loaded.entry
+    problems = [p for p in [forward_problem(loaded.path, entry.forward)] if p]
     names = {"causal_lm": entry.causal_lm}
-    for kernel in ("rope", "cross_entropy"):
-        spec = getattr(entry.kernels, kernel)
-        if spec is not None:
-            names[f"kernels.{kernel}.function"] = spec.function
+    for name, kind in KINDS.items():
+        spec = getattr(entry.kernels, name)
+        if spec is not None and not kind.module_forward:
+            names[f"kernels.{name}.function"] = spec.function
     for key, name in names.items():
         if not _FUNCTION.match(name):
             problems.append(
@@ -147,19 +157,22 @@ def load_registry(*extra_dirs: str | os.PathLike) -> Registry:
     Every problem of every file is collected and raised at once as one RegistryError.
     """
     registry, problems = Registry(), []
-    for directory in registry_directories(extra_dirs):
+    for directory, source in registry_directories(extra_dirs):
         if not directory.is_dir():
             problems.append(f"{directory}: registry directory does not exist")
             continue
-        registry.sources.append(directory)
         for path in _yaml_files(directory):
+            kind, raw = _peek(path)
             try:
-                if _kind(path) == "policy":
-                    registry.policies.append(LoadedPolicy(load_model(path, PolicyFile), path))
+                if kind == "policy":
+                    registry.policies.append(LoadedPolicy(load_model(path, PolicyFile), path, source))
                 else:
                     _add_family(registry, LoadedFamily(load_model(path, FamilyEntry), path), problems)
             except RegistryError as exc:
                 problems.extend(exc.problems or [str(exc)])
+                # the schema failed; the forward name is still checked, so one run reports both
+                if kind == "family" and isinstance(raw.get("forward"), str):
+                    problems.extend(p for p in [forward_problem(path, raw["forward"])] if p)
     if problems:
         raise RegistryError(f"the registry has {len(problems)} problem(s)", problems)
     return registry

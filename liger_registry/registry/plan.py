@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 import types
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from torch import nn
 
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
-from liger_registry.modules.cross_entropy import fixed_cross_entropy
-from liger_registry.modules.glu import ACTIVATIONS, glu_forward
-from liger_registry.modules.layer_norm import layer_norm_forward
-from liger_registry.modules.rms_norm import rms_norm_forward
-from liger_registry.modules.rope import apply_rotary_pos_emb
+from liger_registry.kernel_contract import options_problem
+from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.resolve import ResolvedConfig
-from liger_registry.registry.targets import import_module, resolve_class, resolve_name
-from liger_registry.schemas import FamilyEntry
+from liger_registry.registry.targets import import_module, moe_problems, resolve_class, resolve_name
+from liger_registry.schemas import KINDS, FamilyEntry, KernelKind
+from liger_registry.schemas.kernel_kinds import FLCE_KEY
 
-MODULE_KERNELS = {
-    "rms_norm": (rms_norm_forward, ("weight_attr", "eps_attr")),
-    "layer_norm": (layer_norm_forward, ("eps_attr",)),
-    "swiglu": (lambda spec: glu_forward(spec, "swiglu"), ("gate", "up", "down")),
-    "geglu": (lambda spec: glu_forward(spec, "geglu"), ("gate", "up", "down")),
-}
+FORWARD = "forward"  # the report's name for the installed causal-LM forward
 
 
 @dataclass
@@ -45,89 +40,150 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def _spec_attrs(spec: Any, names: tuple[str, ...]) -> list[str]:
-    return [getattr(spec, n) for n in names]
+@cache
+def maker(kind: KernelKind) -> Any:
+    """The kind's module forward maker (or drop-in function), imported on first use."""
+    module, _, attr = kind.maker.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
-def _activation_problem(kernel: str, config: Any) -> str | None:
-    act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
-    if config is None or act is None or act in ACTIVATIONS[kernel]:
+def _activation_problem(kind: KernelKind, spec: Any, config: Any) -> str | None:
+    """The config's activation, read through the spec's act_config_attr, must be one the kernel computes."""
+    if not kind.activations or config is None:
         return None
-    return f"{kernel}: the config's activation is {act!r}; the kernel computes {ACTIVATIONS[kernel][0]}"
+    names = [spec.act_config_attr] if isinstance(spec.act_config_attr, str) else spec.act_config_attr
+    attr = next((n for n in names if getattr(config, n, None) is not None), None)
+    if attr is None:
+        return (
+            f"{kind.name}: act_config_attr {spec.act_config_attr!r}: the config ({type(config).__name__}) has no "
+            "such attribute, so the activation cannot be checked"
+        )
+    act = getattr(config, attr)
+    if act in kind.activations:
+        return None
+    return f"{kind.name}: the config's {attr} is {act!r}; the kernel computes {kind.activations[0]}"
 
 
-def _module_kernel(plan: Plan, kernel: str, spec: Any, entry: FamilyEntry, model: nn.Module | None, config) -> None:
-    make, attrs = MODULE_KERNELS[kernel]
+def _module_kernel(
+    plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry, model: nn.Module | None, config
+) -> None:
     classes = tuple(resolve_class(entry, t) for t in spec.targets)
-    forward = make(spec)
-    if kernel in ACTIVATIONS and (problem := _activation_problem(kernel, config)):
+    if problem := _activation_problem(kind, spec, config):
         plan.problems.append(problem)
         return
+    forward = maker(kind)(spec)
     if model is None:
-        plan.replacements += [Planned(kernel, "class", c, "forward", forward, c.__qualname__) for c in classes]
+        plan.replacements += [
+            Planned(kind.name, "class", c, "forward", forward, c.__qualname__) for c in classes
+        ]
         return
     matched = [(name, m) for name, m in model.named_modules() if isinstance(m, classes)]
     if not matched:
-        plan.problems.append(f"{kernel}: no module of class {', '.join(spec.targets)} in the model")
+        plan.problems.append(f"{kind.name}: no module of class {', '.join(spec.targets)} in the model")
     for name, module in matched:
-        missing = [a for a in _spec_attrs(spec, attrs) if not hasattr(module, a)]
+        missing = [a for a in (getattr(spec, f) for f in kind.attributes) if not hasattr(module, a)]
         if missing:
-            plan.problems.append(f"{kernel}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}")
+            plan.problems.append(
+                f"{kind.name}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}"
+            )
             continue
         plan.replacements.append(
-            Planned(kernel, "instance", module, "forward", types.MethodType(forward, module), name or "(root)")
+            Planned(
+                kind.name, "instance", module, "forward", types.MethodType(forward, module), name or "(root)"
+            )
         )
 
 
-def _function_kernel(plan: Plan, kernel: str, spec: Any, entry: FamilyEntry) -> None:
-    if kernel == "rope":
-        module, attr = resolve_name(entry, spec.function)
-        replacement = apply_rotary_pos_emb
-    else:
-        module, attr = import_module("transformers.loss.loss_utils", entry.family), spec.function
-        if not hasattr(module, attr):
-            plan.problems.append(f"{kernel}: transformers.loss.loss_utils has no {attr!r}")
-            return
-        replacement = fixed_cross_entropy
-    plan.replacements.append(Planned(kernel, "module", module, attr, replacement, f"{module.__name__}.{attr}"))
+def _function_kernel(plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry) -> None:
+    module, attr = resolve_name(entry, kind.function_name(spec))
+    plan.replacements.append(
+        Planned(kind.name, "module", module, attr, maker(kind), f"{module.__name__}.{attr}")
+    )
 
 
 def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
+    """The causal-LM forward, installed whether FLCE is on or off: it owns skip_logits either way."""
     cls = resolve_class(entry, entry.causal_lm)
-    original = cls.forward
-    spec = get_forward(entry.forward)
     if model is not None and not isinstance(model, cls):
-        plan.problems.append(
-            f"fused_linear_cross_entropy: the model is a {type(model).__name__}, not a {entry.causal_lm}: "
-            "no head to fuse (pass fused_linear_cross_entropy=False to patch only the decoder kernels)"
-        )
+        if entry.flce.enabled:
+            plan.problems.append(
+                f"{FORWARD}: the model is a {type(model).__name__}, not a {entry.causal_lm}: no head to fuse "
+                f"(pass {FLCE_KEY}=False to patch only the decoder kernels)"
+            )
+        else:
+            plan.skipped[FORWARD] = (
+                f"the model is a {type(model).__name__}, not a {entry.causal_lm}: no causal-LM head"
+            )
         return
-    module = import_module(entry.module, entry.family)
-    bound = bind_forward(spec.fn, ForwardContext(entry, original, module))
+    spec = get_forward(entry.forward)
+    if entry.flce.enabled and not spec.fuses:
+        plan.problems.append(f"{FORWARD}: {never_fuses(entry.forward)}")
+        return
+    holders = () if model is None else (model, language_config(model.config, entry))
+    if spec.moe and (problems := moe_problems(entry, *holders)):
+        plan.problems += [f"{FORWARD}: {p}" for p in problems]
+        return
+    ctx = ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
+    if ctx.flce_options is not None and (problem := options_problem(ctx.flce_options)):
+        plan.problems.append(f"{FORWARD}: {problem}")
+        return
+    bound = bind_forward(spec.fn, ctx)
     if model is None:
-        plan.replacements.append(Planned("fused_linear_cross_entropy", "class", cls, "forward", bound, cls.__qualname__))
+        plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))
     else:
-        method = types.MethodType(bound, model)
-        plan.replacements.append(Planned("fused_linear_cross_entropy", "instance", model, "forward", method, "(root)"))
+        plan.replacements.append(
+            Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
+        )
+
+
+def never_fuses(forward: str) -> str:
+    return (
+        f"forward {forward!r} never fuses the loss; set flce.enabled: false in the family (with a reason) "
+        f"or pass {FLCE_KEY}=False"
+    )
+
+
+def _kernel(plan: Plan, resolved: ResolvedConfig, kind: KernelKind, spec: Any, model, config) -> None:
+    if not spec.enabled:
+        plan.skipped[kind.name] = spec.reason or f"off ({resolved.source(f'kernels.{kind.name}.enabled')})"
+    elif kind.module_forward:
+        _module_kernel(plan, kind, spec, resolved.entry, model, config)
+    else:
+        _function_kernel(plan, kind, spec, resolved.entry)
+
+
+def language_config(config: Any, entry: FamilyEntry) -> Any:
+    """The config of the language model: the head's text_config_attr, else transformers' get_text_config()."""
+    if config is None:
+        return None
+    if entry.head is not None and entry.head.text_config_attr:
+        return getattr(config, entry.head.text_config_attr, config)
+    return config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
 
 
 def make_plan(resolved: ResolvedConfig, model: nn.Module | None) -> Plan:
-    """Replacements for `model`, or for the family's classes when model is None."""
+    """Replacements for `model`, or for the family's classes when model is None.
+
+    A name that does not resolve in the installed transformers (a renamed or removed class or function) is a
+    problem of its kernel, like a target that matches nothing: `strict=False` makes it a warning.
+    """
     entry, plan = resolved.entry, Plan()
-    config = getattr(model, "config", None)
-    if config is not None and entry.head.text_config_attr:
-        config = getattr(config, entry.head.text_config_attr, config)
-    for kernel, spec in entry.kernels:
+    config = language_config(getattr(model, "config", None), entry)
+    for name, kind in KINDS.items():
+        spec = getattr(entry.kernels, name)
         if spec is None:
             continue
-        if not spec.enabled:
-            plan.skipped[kernel] = spec.reason or f"off ({resolved.source(f'kernels.{kernel}.enabled')})"
-        elif kernel in MODULE_KERNELS:
-            _module_kernel(plan, kernel, spec, entry, model, config)
-        else:
-            _function_kernel(plan, kernel, spec, entry)
-    if entry.flce.enabled:
+        try:
+            _kernel(plan, resolved, kind, spec, model, config)
+        except RegistryError as exc:
+            plan.problems.append(f"{name}: {exc}")
+    if entry.head is None:
+        plan.skipped[FORWARD] = f"no causal-LM head: {entry.causal_lm} is a bare language model"
+        return plan
+    try:
         _forward(plan, entry, model)
-    else:
-        plan.skipped["fused_linear_cross_entropy"] = entry.flce.reason or "off"
+    except RegistryError as exc:
+        plan.problems.append(f"{FORWARD}: {exc}")
+    if not entry.flce.enabled:
+        plan.skipped[FLCE_KEY] = entry.flce.reason or f"off ({resolved.source('flce.enabled')})"
     return plan

@@ -6,56 +6,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PositiveInt, StrictBool, ValidationError
+from pydantic import ValidationError
 
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry, load_policy
-from liger_registry.schemas import FamilyEntry, SkipLogitsMode
-from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.family import KNOB_SECTIONS
+from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
+from liger_registry.schemas.family import BUDGET_KNOBS, KNOB_SECTIONS
 
-LAYERS = {1: "default", 2: "family", 3: "bundled policy", 4: "user policy", 5: "override"}
-
-OVERRIDE_PATHS = {
-    "rms_norm": "kernels.rms_norm.enabled",
-    "rope": "kernels.rope.enabled",
-    "swiglu": "kernels.swiglu.enabled",
-    "geglu": "kernels.geglu.enabled",
-    "layer_norm": "kernels.layer_norm.enabled",
-    "cross_entropy": "kernels.cross_entropy.enabled",
-    "fused_linear_cross_entropy": "flce.enabled",
-    "chunk_mem_const": "flce.chunk_mem_const",
-    "jsd_chunk_mem_const": "fused_linear_jsd.chunk_mem_const",
-    "skip_logits": "skip_logits",
+LAYERS = {
+    1: "default (registry/defaults.yaml)",
+    2: "family",
+    3: "registry policy",
+    4: "user policy",
+    5: "override",
 }
-
-
-class Overrides(StrictModel):
-    """Keyword overrides of `apply(...)`; an unknown name is an error, never dropped."""
-
-    rms_norm: StrictBool | None = None
-    rope: StrictBool | None = None
-    swiglu: StrictBool | None = None
-    geglu: StrictBool | None = None
-    layer_norm: StrictBool | None = None
-    cross_entropy: StrictBool | None = None
-    fused_linear_cross_entropy: StrictBool | None = None
-    chunk_mem_const: PositiveInt | None = Field(None, strict=True)
-    jsd_chunk_mem_const: PositiveInt | None = Field(None, strict=True)
-    skip_logits: SkipLogitsMode | None = None
 
 
 @dataclass(frozen=True)
 class Source:
-    """Which layer set a knob."""
+    """Which layer set a knob; a policy's also says where the policy came from."""
 
     layer: int
     name: str
     path: Path | None = None
+    origin: str | None = (
+        None  # of a registry policy: bundled | plugin <name> | LIGER_REGISTRY_PATH | directory
+    )
 
     def __str__(self) -> str:
         where = f" ({self.path.name})" if self.path else ""
-        return f"{LAYERS[self.layer]} {self.name}{where}".strip()
+        layer = f"{self.origin} policy" if self.layer == 3 and self.origin else LAYERS[self.layer]
+        return f"{layer} {self.name}{where}".strip()
 
 
 @dataclass
@@ -95,8 +76,21 @@ def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+BUDGET = tuple(f"flce.{knob}" for knob in BUDGET_KNOBS)
+
+
+def _budget(values: dict, provenance: dict, updates: dict[str, Any], source: Source) -> list[str]:
+    """The one-budget-knob rule: a layer that sets chunk_mem_const or max_chunk_mib clears the other."""
+    setting = [knob for knob in BUDGET if updates.get(knob) is not None]
+    if len(setting) > 1:
+        return [f"{source}: sets both {' and '.join(BUDGET)}: they are one budget knob, set one"]
+    for other in (k for k in BUDGET if setting and k != setting[0]):
+        values[other], provenance[other] = None, source
+    return []
+
+
 def _layer(values: dict, provenance: dict, updates: dict[str, Any], source: Source, family: str) -> list[str]:
-    problems = []
+    problems = _budget(values, provenance, updates, source)
     for knob, value in updates.items():
         if knob not in values:
             kernel = knob.split(".")[1] if knob.startswith("kernels.") else knob
@@ -117,7 +111,8 @@ def validate_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
         checked = Overrides.model_validate(overrides)
     except ValidationError as exc:
         raise RegistryError(
-            "invalid keyword override(s)", [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+            "invalid keyword override(s)",
+            [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()],
         ) from None
     return {OVERRIDE_PATHS[k]: v for k, v in checked.model_dump(exclude_none=True).items()}
 
@@ -140,11 +135,23 @@ def resolve(
     provenance = {k: family_source if k in explicit else Source(1, "") for k in values}
     applied, problems = [], []
     for bundled in registry.policies_for(entry.family):
-        problems += _layer(values, provenance, _policy_updates(bundled), Source(3, bundled.policy.policy, bundled.path), entry.family)
+        problems += _layer(
+            values,
+            provenance,
+            _policy_updates(bundled),
+            Source(3, bundled.policy.policy, bundled.path, bundled.origin),
+            entry.family,
+        )
         applied.append(bundled.policy.policy)
-    for user in _user_policies(policy):
+    for user in _user_policies(registry, policy):
         if user.policy.applies(entry.family):
-            problems += _layer(values, provenance, _policy_updates(user), Source(4, user.policy.policy, user.path), entry.family)
+            problems += _layer(
+                values,
+                provenance,
+                _policy_updates(user),
+                Source(4, user.policy.policy, user.path),
+                entry.family,
+            )
             applied.append(user.policy.policy)
     problems += _layer(values, provenance, validate_overrides(overrides or {}), Source(5, ""), entry.family)
     if problems:
@@ -154,8 +161,23 @@ def resolve(
     return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied)
 
 
-def _user_policies(policy: str | Path | list | None) -> list[LoadedPolicy]:
+def _user_policies(registry: Registry, policy: str | Path | list | None) -> list[LoadedPolicy]:
+    """Policies the caller asked for: files, or registry policies by name (e.g. the opt-in 'throughput')."""
     if policy is None:
         return []
     items = policy if isinstance(policy, (list, tuple)) else [policy]
-    return [p if isinstance(p, LoadedPolicy) else load_policy(p) for p in items]
+    return [_user_policy(registry, p) for p in items]
+
+
+def _user_policy(registry: Registry, policy: str | Path | LoadedPolicy) -> LoadedPolicy:
+    if isinstance(policy, LoadedPolicy):
+        return policy
+    named = registry.named_policy(policy) if isinstance(policy, str) else None
+    if named is not None and not Path(policy).is_file():
+        return named
+    if isinstance(policy, str) and not Path(policy).suffix and not Path(policy).exists():
+        names = sorted(p.policy.policy for p in registry.policies)
+        raise RegistryError(
+            f"no policy file or registry policy named {policy!r}{suggest(policy, names)}; named: {', '.join(names)}"
+        )
+    return load_policy(policy)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 import transformers
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from liger_registry.registry.errors import RegistryError
-from liger_registry.schemas import FamilyEntry
+from liger_registry.schemas import KINDS, FamilyEntry
 
 
 def transformers_version() -> str:
@@ -28,7 +29,9 @@ def version_problem(entry: FamilyEntry) -> str | None:
 
 def import_module(name: str, family: str) -> ModuleType:
     if not name.startswith("transformers."):
-        raise RegistryError(f"family {family!r}: refusing to import {name!r}: only modules under transformers.")
+        raise RegistryError(
+            f"family {family!r}: refusing to import {name!r}: only modules under transformers."
+        )
     try:
         return importlib.import_module(name)
     except ImportError as exc:
@@ -60,18 +63,58 @@ def resolve_class(entry: FamilyEntry, name: str) -> type:
 def target_problems(entry: FamilyEntry) -> list[str]:
     """Every name of the entry that does not resolve (for lint)."""
     problems = []
-    names = [entry.causal_lm]
-    for kernel in entry.kernels.model_dump(exclude_none=True).values():
-        names += kernel.get("targets", [])
-    for name in names:
+    classes, functions = [entry.causal_lm], []
+    for name, kind in KINDS.items():
+        spec = getattr(entry.kernels, name)
+        if spec is None:
+            continue
+        if kind.module_forward:
+            classes += spec.targets
+        elif spec.enabled:
+            functions.append(kind.function_name(spec))
+    for name in classes:
         try:
             resolve_class(entry, name)
         except RegistryError as exc:
             problems.append(str(exc))
-    rope = entry.kernels.rope
-    if rope is not None and rope.enabled:
+    for name in functions:
         try:
-            resolve_name(entry, rope.function)
+            resolve_name(entry, name)
         except RegistryError as exc:
             problems.append(str(exc))
+    return problems
+
+
+def default_language_config(entry: FamilyEntry) -> Any:
+    """The language model's config with transformers' defaults, from the causal-LM class's config class."""
+    config = resolve_class(entry, entry.causal_lm).config_class()
+    if entry.head is not None and entry.head.text_config_attr:
+        return getattr(config, entry.head.text_config_attr, config)
+    return config.get_text_config()
+
+
+def moe_problems(entry: FamilyEntry, *holders: Any) -> list[str]:
+    """The head's MoE contract against the installed transformers: the aux-loss function is in the family's
+    module, and each constant the forward reads is on one of `holders` (the model and its language config, as
+    the forward reads them; by default the model type's default config)."""
+    moe, problems = entry.head.moe, []
+    module = import_module(entry.module, entry.family)
+    if not callable(getattr(module, moe.aux_loss_function, None)):
+        problems.append(
+            f"family {entry.family!r}: head.moe.aux_loss_function: {module.__name__} has no function "
+            f"{moe.aux_loss_function!r} in the installed transformers {transformers_version()}"
+        )
+    try:
+        holders = holders or (default_language_config(entry),)
+    except (ValueError, KeyError, TypeError, RegistryError) as exc:
+        return [
+            *problems,
+            f"family {entry.family!r}: cannot build the default config to check head.moe: {exc}",
+        ]
+    for constant, names in moe.attrs().items():
+        if not any(getattr(h, name, None) is not None for h in holders for name in names):
+            problems.append(
+                f"family {entry.family!r}: head.moe: {' or '.join(type(h).__name__ for h in holders)} has none of "
+                f"{', '.join(names)} (the {constant} the MoE forward reads)"
+            )
     return problems

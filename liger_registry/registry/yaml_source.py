@@ -47,7 +47,10 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     for key in loc[:-1]:
         if isinstance(key, int):
             continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)) or key not in current.model_fields:
+        if (
+            not (isinstance(current, type) and issubclass(current, BaseModel))
+            or key not in current.model_fields
+        ):
             return None
         current = _unwrap(current.model_fields[key].annotation)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
@@ -60,7 +63,9 @@ def _unwrap(annotation: Any) -> Any:
     return models[0] if models else annotation
 
 
-def format_errors(path: Path, model: type[BaseModel], exc: ValidationError, node: yaml.Node | None) -> list[str]:
+def format_errors(
+    path: Path, model: type[BaseModel], exc: ValidationError, node: yaml.Node | None
+) -> list[str]:
     problems = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -71,7 +76,9 @@ def format_errors(path: Path, model: type[BaseModel], exc: ValidationError, node
         if err["type"] == "extra_forbidden":
             owner = _model_at(model, loc)
             allowed = list(owner.model_fields) if owner else []
-            message = f"unknown key{suggest(str(loc[-1]), allowed)}; allowed: {', '.join(allowed)}"
+            owner_name = loc[-2] if len(loc) > 1 and isinstance(loc[-2], str) else None
+            what = f"{owner_name} has no field {loc[-1]!r}" if owner_name else "unknown key"
+            message = f"{what}{suggest(str(loc[-1]), allowed)}; allowed: {', '.join(allowed)}"
         elif err["type"] == "literal_error":
             message = f"{message} (got {err.get('input')!r})"
         problems.append(f"{path}{line}: {field}: {message}")

@@ -3,46 +3,122 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, PositiveInt, StrictBool, field_validator
+from pydantic import Field, PositiveInt, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.kernels import KernelsSpec
+from liger_registry.schemas.defaults import default, default_list
+from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
+FlceStrategy = Literal["auto", "tokens", "vocab"]
+Mib = Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
+BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
+
+
+def one_budget(data: Any) -> Any:
+    """chunk_mem_const and max_chunk_mib are one budget knob: max_chunk_mib set means chunk_mem_const is not."""
+    if not isinstance(data, dict) or data.get("max_chunk_mib") is None:
+        return data
+    if data.get("chunk_mem_const") is not None:
+        raise ValueError(
+            "chunk_mem_const and max_chunk_mib are one budget knob: set one of them (max_chunk_mib in MiB, "
+            "or chunk_mem_const), not both"
+        )
+    return {**data, "chunk_mem_const": None}
+
+
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+$")
 
 
 class FlceSpec(StrictModel):
     """Fused linear cross entropy on the language-model head."""
 
-    enabled: StrictBool = Field(True, description="Compute the training loss without materialising logits.")
-    chunk_mem_const: PositiveInt = Field(
-        1, strict=True, description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks."
+    enabled: StrictBool = Field(
+        default("flce.enabled"), description="Compute the training loss without materialising logits."
+    )
+    chunk_mem_const: PositiveInt | None = Field(
+        default("flce.chunk_mem_const"),
+        strict=True,
+        description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks. One budget knob "
+        "with max_chunk_mib: setting one clears the other (null when max_chunk_mib is set).",
+    )
+    max_chunk_mib: Mib | None = Field(
+        None,
+        description="Memory budget of the logits buffer in MiB, instead of chunk_mem_const (one budget knob: "
+        "setting one clears the other from lower layers; both in one place is an error).",
+    )
+    strategy: FlceStrategy = Field(
+        default("flce.strategy"),
+        description="auto: the planner picks per call; tokens: chunk over tokens (the C=1 algorithm); "
+        "vocab: chunk over the vocabulary.",
     )
     reason: str | None = Field(None, description="Why the knob has this value for this family.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, data: Any) -> Any:
+        return one_budget(data)
 
 
 class JsdSpec(StrictModel):
     """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
 
-    chunk_mem_const: PositiveInt = Field(1, strict=True, description="Chunk constant of the distillation loss.")
+    chunk_mem_const: PositiveInt = Field(
+        default("fused_linear_jsd.chunk_mem_const"),
+        strict=True,
+        description="Chunk constant of the distillation loss.",
+    )
+
+
+class MoeSpec(StrictModel):
+    """The MoE contract: names the MoE forward reads, checked against the installed transformers by the lint."""
+
+    aux_loss_function: str = Field(
+        default("head.moe.aux_loss_function"),
+        description="Load-balancing loss function in the family's module.",
+    )
+    num_experts_attrs: list[str] = Field(
+        default_factory=default_list("head.moe.num_experts_attrs"),
+        min_length=1,
+        description="Attributes holding the expert count, the first one present wins (model, then config).",
+    )
+    top_k_attr: str = Field(
+        default("head.moe.top_k_attr"), description="Attribute holding experts per token."
+    )
+    coefficient_attr: str = Field(
+        default("head.moe.coefficient_attr"), description="Attribute holding the aux-loss coefficient."
+    )
+
+    def attrs(self) -> dict[str, list[str]]:
+        """What each constant is read from, in order."""
+        return {
+            "num_experts": list(self.num_experts_attrs),
+            "top_k": [self.top_k_attr],
+            "coefficient": [self.coefficient_attr],
+        }
 
 
 class HeadSpec(StrictModel):
     """Where the head is and how its logits are post-processed."""
 
-    lm_head: str = Field("lm_head", description="Attribute of the causal LM holding the output projection.")
-    base_model: str = Field("model", description="Attribute of the causal LM holding the decoder.")
+    lm_head: str = Field(
+        default("head.lm_head"), description="Attribute of the causal LM holding the output projection."
+    )
+    base_model: str = Field(
+        default("head.base_model"), description="Attribute of the causal LM holding the decoder."
+    )
     softcap_attr: str | None = Field(None, description="Config attribute of final-logit softcapping, if any.")
     logit_scale_attr: str | None = Field(
         None, description="Config attribute the logits are divided by (granite's logits_scaling), if any."
     )
     logit_multiplier_attr: str | None = Field(
-        None, description="Config attribute the logits are multiplied by (falcon_h1's lm_head_multiplier), if any."
+        None,
+        description="Config attribute the logits are multiplied by (falcon_h1's lm_head_multiplier), if any.",
     )
     router_logits_from_config: StrictBool = Field(
         True,
@@ -51,26 +127,45 @@ class HeadSpec(StrictModel):
     text_config_attr: str | None = Field(
         None, description="Config attribute holding the language model's config (multimodal families)."
     )
+    moe: MoeSpec = Field(default_factory=MoeSpec, description="What the MoE forward reads from transformers.")
 
 
 class FamilyEntry(StrictModel):
     """One model family: which forward to install and which kernels go where."""
 
     family: str = Field(..., description="Family name; policies name families by it.")
-    model_types: list[str] = Field(..., min_length=1, description="config.model_type values this entry serves.")
+    model_types: list[str] = Field(
+        ..., min_length=1, description="config.model_type values this entry serves."
+    )
     module: str = Field(..., description="The transformers modeling module of the family.")
     causal_lm: str = Field(..., description="Class in `module` whose forward is replaced.")
-    forward: str = Field("causal_lm", description="Name of a registered forward (never a dotted path).")
-    transformers: str = Field(">=5.17,<6", description="PEP 440 specifier of supported transformers versions.")
-    tested: list[str] = Field(default_factory=list, description="transformers versions the parity suite ran on.")
+    forward: str = Field(
+        default("forward"), description="Name of a registered forward (never a dotted path)."
+    )
+    transformers: str = Field(
+        default("transformers"), description="PEP 440 specifier of supported transformers versions."
+    )
+    tested: list[str] = Field(
+        default_factory=default_list("tested"), description="transformers versions the parity suite ran on."
+    )
     kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Kernels and their targets.")
     flce: FlceSpec = Field(default_factory=FlceSpec, description="Fused linear cross entropy knobs.")
     fused_linear_jsd: JsdSpec = Field(default_factory=JsdSpec, description="Distillation loss knobs.")
-    head: HeadSpec = Field(default_factory=HeadSpec, description="Head layout and logit post-processing.")
+    head: HeadSpec | None = Field(
+        default_factory=HeadSpec,
+        description="Head layout and logit post-processing; null: the class has no causal-LM head (a bare "
+        "language model inside a multimodal one), so no forward is installed, only the kernels.",
+    )
     skip_logits: SkipLogitsMode = Field(
-        "auto", description="auto: skip in training with labels; labels: whenever labels; never: always logits."
+        default("skip_logits"),
+        description="auto: skip in training with labels; labels: whenever labels; never: always logits.",
     )
     reason: str | None = Field(None, description="Notes on the family printed by show and explain.")
+    known_broken: dict[str, str] = Field(
+        default_factory=dict,
+        description="transformers versions ('5.24', or '5.24.1') on which the family's own unpatched forward is "
+        "broken, each with why; explain, lint --deep and the parity tests read it.",
+    )
     tiny_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Config values (over liger_registry.testing's small defaults) of the tiny model that "
@@ -99,6 +194,21 @@ class FamilyEntry(StrictModel):
         except InvalidSpecifier as exc:
             raise ValueError(f"not a PEP 440 version specifier: {value!r}") from exc
         return value
+
+    @field_validator("known_broken")
+    @classmethod
+    def _versions(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [v for v in value if not _VERSION.match(v)]
+        if bad:
+            raise ValueError(f"keys must be release numbers such as '5.24' or '5.24.1', got {bad}")
+        return value
+
+    def broken_on(self, version: str) -> str | None:
+        """Why the family is known broken on this transformers version ('5.24.0' matches '5.24'), or None."""
+        for key, why in self.known_broken.items():
+            if version == key or version.startswith(key + "."):
+                return f"transformers {key} is known broken for family {self.family!r}: {why}"
+        return None
 
 
 KNOB_SECTIONS = ("kernels", "flce", "fused_linear_jsd", "skip_logits")

@@ -8,8 +8,13 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.defaults import default
 
 CastingMode = Literal["llama", "gemma", "none"]
+# Sections of registry/defaults.yaml the specs read their defaults from.
+RMS_NORM, ROPE, GLU, LAYER_NORM, CROSS_ENTROPY = (
+    f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "cross_entropy")
+)
 _TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
 
 
@@ -47,53 +52,54 @@ class RmsNormSpec(ModuleKernelSpec):
     """RMSNorm: y = x / rms(x) * (offset + weight)."""
 
     casting_mode: CastingMode = Field(
-        "llama",
+        default(RMS_NORM + "casting_mode"),
         description="llama: normalise in fp32, cast back, then scale; gemma: all in fp32; none: input dtype.",
     )
-    offset: StrictFloat | StrictInt = Field(0.0, description="Added to the weight (Gemma stores weight - 1).")
-    eps_attr: str = Field("variance_epsilon", description="Attribute of the module that holds epsilon.")
-    weight_attr: str = Field("weight", description="Attribute of the module that holds the scale.")
+    offset: StrictFloat | StrictInt = Field(
+        default(RMS_NORM + "offset"), description="Added to the weight (Gemma stores weight - 1)."
+    )
+    eps_attr: str = Field(
+        default(RMS_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
+    )
+    weight_attr: str = Field(
+        default(RMS_NORM + "weight_attr"), description="Attribute of the module that holds the scale."
+    )
 
 
 class GluSpec(ModuleKernelSpec):
     """A gated MLP down(act(gate(x)) * up(x)) whose activation the fused kernel computes."""
 
-    gate: str = Field("gate_proj", description="Attribute of the MLP holding the gate projection.")
-    up: str = Field("up_proj", description="Attribute of the MLP holding the up projection.")
-    down: str = Field("down_proj", description="Attribute of the MLP holding the down projection.")
-    act_config_attr: str = Field(
-        "hidden_act", description="Config attribute naming the activation; checked against the kernel's."
+    gate: str = Field(default(GLU + "gate"), description="Attribute of the MLP holding the gate projection.")
+    up: str = Field(default(GLU + "up"), description="Attribute of the MLP holding the up projection.")
+    down: str = Field(default(GLU + "down"), description="Attribute of the MLP holding the down projection.")
+    act_config_attr: str | list[str] = Field(
+        default(GLU + "act_config_attr"),
+        description="Config attribute naming the activation (or alternatives, the first one the config has); "
+        "the plan checks it against the kernel's activation, and a config without it is an error.",
     )
 
 
 class LayerNormSpec(ModuleKernelSpec):
     """LayerNorm with weight and bias."""
 
-    eps_attr: str = Field("eps", description="Attribute of the module that holds epsilon.")
+    eps_attr: str = Field(
+        default(LAYER_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
+    )
 
 
 class RopeSpec(KernelSpec):
     """Rotary embedding: a module-level function, so it can only be patched module-wide."""
 
-    function: str = Field("apply_rotary_pos_emb", description="Function name in the family's module.")
+    function: str = Field(default(ROPE + "function"), description="Function name in the family's module.")
 
 
 class CrossEntropySpec(KernelSpec):
     """Cross entropy on materialised logits: replaces transformers' loss helper module-wide."""
 
-    enabled: StrictBool = Field(False, description="Off by default: FLCE already covers the training loss.")
-    function: str = Field("fixed_cross_entropy", description="Function in transformers.loss.loss_utils.")
-
-
-class KernelsSpec(StrictModel):
-    """Which kernels a family gets; a kernel left out is not installed."""
-
-    rms_norm: RmsNormSpec | None = Field(None, description="Fused RMSNorm on the listed norm classes.")
-    rope: RopeSpec | None = Field(None, description="Fused rotary embedding of q and k together.")
-    swiglu: GluSpec | None = Field(None, description="Fused silu(gate) * up in the listed MLP classes.")
-    geglu: GluSpec | None = Field(None, description="Fused gelu_tanh(gate) * up in the listed MLP classes.")
-    layer_norm: LayerNormSpec | None = Field(None, description="Fused LayerNorm on the listed classes.")
-    cross_entropy: CrossEntropySpec | None = Field(None, description="Cross entropy on materialised logits.")
-
-
-KERNEL_NAMES = tuple(KernelsSpec.model_fields)
+    enabled: StrictBool = Field(
+        default(CROSS_ENTROPY + "enabled"),
+        description="Off by default: FLCE already covers the training loss.",
+    )
+    function: str = Field(
+        default(CROSS_ENTROPY + "function"), description="Function in transformers.loss.loss_utils."
+    )

@@ -2,37 +2,31 @@
 
 from __future__ import annotations
 
-from pydantic import Field, PositiveInt, StrictBool
+from typing import Any
+
+from pydantic import Field, PositiveInt, StrictBool, model_validator
 
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.family import SkipLogitsMode
-from liger_registry.schemas.kernels import CastingMode
-
-
-class KernelPatch(StrictModel):
-    """What a policy may change about one kernel."""
-
-    enabled: StrictBool | None = Field(None, description="Turn the kernel on or off.")
-    casting_mode: CastingMode | None = Field(None, description="RMSNorm casting mode.")
-    reason: str | None = Field(None, description="Why.")
-
-
-class KernelsPatch(StrictModel):
-    """Per-kernel changes."""
-
-    rms_norm: KernelPatch | None = Field(None, description="Changes to the RMSNorm kernel.")
-    rope: KernelPatch | None = Field(None, description="Changes to the rotary-embedding kernel.")
-    swiglu: KernelPatch | None = Field(None, description="Changes to the SwiGLU kernel.")
-    geglu: KernelPatch | None = Field(None, description="Changes to the GeGLU kernel.")
-    layer_norm: KernelPatch | None = Field(None, description="Changes to the LayerNorm kernel.")
-    cross_entropy: KernelPatch | None = Field(None, description="Changes to the cross-entropy kernel.")
+from liger_registry.schemas.family import FlceStrategy, Mib, SkipLogitsMode, one_budget
+from liger_registry.schemas.kernel_kinds import KernelsPatch
 
 
 class FlcePatch(StrictModel):
     """FLCE knobs a policy may set."""
 
     enabled: StrictBool | None = Field(None, description="Use FLCE for the training loss.")
-    chunk_mem_const: PositiveInt | None = Field(None, strict=True, description="FLCE chunk constant C.")
+    chunk_mem_const: PositiveInt | None = Field(
+        None, strict=True, description="FLCE chunk constant C; clears max_chunk_mib of lower layers."
+    )
+    max_chunk_mib: Mib | None = Field(
+        None, description="FLCE logits-buffer budget in MiB; clears chunk_mem_const of lower layers."
+    )
+    strategy: FlceStrategy | None = Field(None, description="FLCE chunking strategy: auto, tokens or vocab.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_budget(cls, data: Any) -> Any:
+        return one_budget(data)
 
 
 class JsdPatch(StrictModel):
@@ -47,10 +41,16 @@ class PolicyFile(StrictModel):
     policy: str = Field(..., description="Policy name, shown as the provenance of what it sets.")
     applies_to: list[str] = Field(..., min_length=1, description="Family names it applies to; '*' for all.")
     reason: str = Field(..., description="Why the policy exists.")
+    opt_in: StrictBool = Field(
+        False,
+        description="A registry policy applied only when named (apply(model, policy='NAME')), never by default.",
+    )
     kernels: KernelsPatch | None = Field(None, description="Per-kernel changes.")
     flce: FlcePatch | None = Field(None, description="Fused linear cross entropy knobs.")
     fused_linear_jsd: JsdPatch | None = Field(None, description="Distillation-loss knobs.")
-    skip_logits: SkipLogitsMode | None = Field(None, description="The skip_logits default for these families.")
+    skip_logits: SkipLogitsMode | None = Field(
+        None, description="The skip_logits default for these families."
+    )
 
     def applies(self, family: str) -> bool:
         return "*" in self.applies_to or family in self.applies_to

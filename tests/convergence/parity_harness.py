@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +13,6 @@ import liger_registry as L
 from liger_registry.kernels.op import backend_for
 from liger_registry.registry import load_registry
 from liger_registry.registry.loader import Registry
-from liger_registry.registry.targets import resolve_class
 from liger_registry.testing import tiny_batch, tiny_model
 
 REGISTRY = load_registry()
@@ -86,13 +84,13 @@ def record(result: Result, verdict: str) -> None:
 
 
 def _fused(family: str) -> bool:
-    return REGISTRY.families[family].entry.flce.enabled
+    entry = REGISTRY.families[family].entry
+    return entry.head is not None and entry.flce.enabled
 
 
 def _has_head(family: str) -> bool:
-    """Whether the family's class computes a loss from labels (kernel-only _text entries are bare decoders)."""
-    entry = REGISTRY.families[family].entry
-    return "labels" in inspect.signature(resolve_class(entry, entry.causal_lm).forward).parameters
+    """Whether the family has a causal-LM head (`head: null` entries are bare decoders: kernels only)."""
+    return REGISTRY.families[family].entry.head is not None
 
 
 def _moe(family: str) -> bool:
@@ -193,7 +191,7 @@ def run_parity(
         family=family,
         device=device,
         dtype=str(dtype).removeprefix("torch."),
-        chunk_mem_const=used_c if entry.flce.enabled else None,
+        chunk_mem_const=used_c if _fused(family) else None,
         backend=backend_for(torch.empty(1, device=device)),
         loss=_rel(got["losses"], expected["losses"]),
         weight=weight,

@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 import torch
 import transformers
-from packaging.version import Version
 from parity_harness import BF16, FP32, REGISTRY, record, run_parity
 
 from liger_registry.registry.loader import LoadedFamily, Registry
@@ -18,20 +17,12 @@ FAMILIES = sorted(REGISTRY.families)
 C_VARIANTS = [("gpt_oss", 8), ("gpt_oss", 1), ("qwen3_5_moe", 1), ("qwen3_5_moe", 8)]
 REQUIRED_C = {("gpt_oss", 8), ("qwen3_5_moe", 1)}  # must pass; the other two are measured and reported
 HAS_CUDA = torch.cuda.is_available()
-TRANSFORMERS = Version(transformers.__version__)
-# The original forward itself cannot train in these transformers versions (no parity to measure).
-BROKEN_ORIGINAL = {
-    "llama4": (
-        TRANSFORMERS >= Version("5.24"),
-        "transformers 5.24's Llama4ForConditionalGeneration.forward reads outputs.image_outputs from its "
-        "Llama4ForCausalLM's output, which has none (AttributeError) even unpatched",
-    ),
-}
 
 
 def _skip_broken(family: str) -> None:
-    broken, why = BROKEN_ORIGINAL.get(family, (False, ""))
-    if broken:
+    """The family's `known_broken` field: the original forward itself cannot train here (no parity to measure)."""
+    why = REGISTRY.families[family].entry.broken_on(transformers.__version__)
+    if why:
         pytest.skip(why)
 
 

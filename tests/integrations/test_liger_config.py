@@ -16,7 +16,9 @@ def test_false_turns_a_kernel_off_and_true_keeps_the_family_default():
     assert overrides_from_liger_kernel_config(config, "llama") == {"rms_norm": False, "fused_linear_cross_entropy": False}
     model = tiny_model("llama")
     with L.patched(model, **overrides_from_liger_kernel_config(config, "llama")) as handle:
-        assert {r.kernel for r in handle.report.patched} == {"rope", "swiglu"}
+        # FLCE off: the forward stays installed (it owns skip_logits), computing the loss from logits
+        assert {r.kernel for r in handle.report.patched} == {"rope", "swiglu", "forward"}
+        assert "fused_linear_cross_entropy" in handle.report.skipped
 
 
 def test_every_bad_key_and_value_is_reported_at_once():

@@ -76,10 +76,19 @@ def test_entry_point_plugin_adds_a_family_and_its_forward(tmp_path, monkeypatch,
     reference = model(**batch).loss
     model.train()
     with L.patched(model, registry=registry) as handle:
-        assert {r.kernel for r in handle.report.patched} == {"rms_norm", "swiglu", "fused_linear_cross_entropy"}
+        assert {r.kernel for r in handle.report.patched} == {"rms_norm", "swiglu", "forward"}
         loss = model(**batch).loss
     assert sys.modules[name].CALLS == [1]
     torch.testing.assert_close(loss, reference)
+
+
+def test_a_plugin_policy_is_labelled_with_its_plugin(tmp_path, monkeypatch, clean_forwards):
+    name = install_plugin(tmp_path, monkeypatch)
+    (tmp_path / name / "families" / "c4.yaml").write_text(
+        "policy: helium_c4\napplies_to: [helium]\nreason: r\nflce: {chunk_mem_const: 4}\n"
+    )
+    explanation = L.explain("helium", registry=L.load_registry())
+    assert str(explanation.source("flce.chunk_mem_const")) == "plugin helium policy helium_c4 (c4.yaml)"
 
 
 def test_env_path_and_load_registry_dirs_add_families(tmp_path, monkeypatch):

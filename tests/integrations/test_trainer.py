@@ -41,7 +41,7 @@ def test_model_init_is_patched_by_the_callback(tmp_path):
         handle = L.patch_handle(trainer.model)
         assert handle is not None and handle.active
         kernels = {r.kernel for r in handle.report.patched}
-        assert "swiglu" not in kernels and {"rms_norm", "rope", "fused_linear_cross_entropy"} <= kernels
+        assert "swiglu" not in kernels and {"rms_norm", "rope", "forward"} <= kernels
         assert losses(trainer) == pytest.approx(reference, rel=1e-5, abs=1e-6)
     finally:
         callback.revert()

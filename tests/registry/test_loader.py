@@ -84,3 +84,11 @@ def test_unknown_model_type_lists_supported_and_closest():
     message = str(info.value)
     assert "Did you mean 'llama'?" in message and "qwen3" in message
     assert isinstance(info.value, ValueError)
+
+
+def test_forward_name_is_checked_even_when_the_schema_fails(tmp_path):
+    write(tmp_path, "both.yaml", GOOD + "forward: causal_lm_mo\nskip_logit: auto\n")
+    with pytest.raises(RegistryError) as info:
+        liger_registry.load_registry(tmp_path)
+    text = "\n".join(info.value.problems)
+    assert "skip_logit: unknown key" in text and "'causal_lm_mo' is not a registered forward (did you mean" in text

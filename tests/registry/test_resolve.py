@@ -31,7 +31,8 @@ def test_user_policy_then_override_win_in_order(tmp_path):
     assert explanation.value("skip_logits") == "labels"
     overridden = liger_registry.explain("llama", policy=policy, chunk_mem_const=16)
     assert overridden.value("flce.chunk_mem_const") == 16 and overridden.source("flce.chunk_mem_const").layer == 5
-    assert overridden.source("kernels.rms_norm.casting_mode").layer == 2
+    assert overridden.source("kernels.rms_norm.targets").layer == 2
+    assert overridden.source("kernels.rms_norm.casting_mode").layer == 1  # llama.yaml leaves it to defaults.yaml
     assert overridden.source("kernels.rms_norm.eps_attr").layer == 1
 
 
@@ -64,3 +65,33 @@ def test_bad_overrides_are_errors(overrides, match):
 @pytest.mark.parametrize("c, expected", [(1, (256, 32)), (8, (2048, 4)), (16, (4096, 2))])
 def test_design_chunk_geometries(c, expected):
     assert flce_chunk_geometry(8192, 4096, 128256, chunk_mem_const=c) == expected
+
+
+def test_defaults_file_is_layer_one_and_families_state_only_what_differs():
+    from liger_registry.schemas.defaults import DEFAULTS_FILE, default
+
+    registry = liger_registry.load_registry()
+    explanation = liger_registry.explain("llama")
+    assert explanation.source("skip_logits").layer == 1 and "defaults.yaml" in str(explanation.source("skip_logits"))
+    for loaded in registry.families.values():
+        entry, text = loaded.entry, loaded.path.read_text()
+        assert entry.transformers == default("transformers")  # one edit in DEFAULTS_FILE bumps every family
+        assert "transformers:" not in text.replace("transformers: decoder", "") and 'forward: causal_lm\n' not in text
+        assert "skip_logits: auto" not in text and "casting_mode: llama" not in text
+    assert DEFAULTS_FILE.name == "defaults.yaml"
+
+
+
+def test_a_registry_policy_says_where_it_came_from(tmp_path, monkeypatch):
+    policy = "policy: {name}\napplies_to: [llama]\nreason: r\nflce: {{chunk_mem_const: {c}}}\n"
+    (tmp_path / "env").mkdir(), (tmp_path / "dir").mkdir()
+    (tmp_path / "env" / "p.yaml").write_text(policy.format(name="from_env", c=2))
+    (tmp_path / "dir" / "p.yaml").write_text(policy.format(name="from_dir", c=3))
+    monkeypatch.setenv("LIGER_REGISTRY_PATH", str(tmp_path / "env"))
+    registry = liger_registry.load_registry()
+    explanation = liger_registry.explain("llama", registry=registry)
+    assert str(explanation.source("flce.chunk_mem_const")) == "LIGER_REGISTRY_PATH policy from_env (p.yaml)"
+    registry = liger_registry.load_registry(tmp_path / "dir")
+    explanation = liger_registry.explain("llama", registry=registry)
+    assert str(explanation.source("flce.chunk_mem_const")) == "directory policy from_dir (p.yaml)"
+    assert str(liger_registry.explain("gpt_oss").source("flce.chunk_mem_const")).startswith("bundled policy gpt_oss")

@@ -7,12 +7,22 @@ from pydantic import BaseModel, ValidationError
 
 from liger_registry.schemas import FamilyEntry, PolicyFile
 
-BASE = {"family": "x", "model_types": ["x"], "module": "transformers.models.llama.modeling_llama", "causal_lm": "C"}
+BASE = {
+    "family": "x",
+    "model_types": ["x"],
+    "module": "transformers.models.llama.modeling_llama",
+    "causal_lm": "C",
+}
 
 
 def test_minimal_entry_gets_documented_defaults():
     entry = FamilyEntry.model_validate(BASE)
-    assert (entry.forward, entry.skip_logits, entry.flce.chunk_mem_const, entry.flce.enabled) == ("causal_lm", "auto", 1, True)
+    assert (entry.forward, entry.skip_logits, entry.flce.chunk_mem_const, entry.flce.enabled) == (
+        "causal_lm",
+        "auto",
+        1,
+        True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -60,3 +70,32 @@ def test_policy_requires_reason_and_scope():
         PolicyFile.model_validate({"policy": "p", "flce": {"chunk_mem_const": 4}})
     policy = PolicyFile.model_validate({"policy": "p", "applies_to": ["*"], "reason": "r"})
     assert policy.applies("anything")
+
+
+def test_policy_field_of_another_kind_is_refused_by_name(tmp_path):
+    from liger_registry.registry.errors import RegistryError
+    from liger_registry.registry.loader import load_policy
+
+    path = tmp_path / "p.yaml"
+    path.write_text("policy: p\napplies_to: [llama]\nreason: r\nkernels:\n  swiglu: {casting_mode: gemma}\n")
+    with pytest.raises(RegistryError) as info:
+        load_policy(path)
+    assert (
+        "p.yaml:5: kernels.swiglu.casting_mode: swiglu has no field 'casting_mode'; allowed: enabled, reason"
+        in str(info.value)
+    )
+    path.write_text(
+        "policy: p\napplies_to: [llama]\nreason: r\nkernels:\n  rms_norm: {casting_mode: gemma}\n"
+    )
+    assert load_policy(path).policy.kernels.rms_norm.casting_mode == "gemma"
+
+
+def test_kinds_table_derives_specs_patches_and_overrides():
+    from liger_registry.schemas import KINDS, LIGER_KEYS, OVERRIDE_PATHS, KernelsPatch, KernelsSpec, Overrides
+
+    assert list(KernelsSpec.model_fields) == list(KINDS) == list(KernelsPatch.model_fields)
+    for name, kind in KINDS.items():
+        assert OVERRIDE_PATHS[name] == f"kernels.{name}.enabled" and name in Overrides.model_fields
+        patch = KernelsPatch.model_fields[name].annotation.__args__[0]
+        assert set(patch.model_fields) == {"enabled", "reason", *kind.patchable}
+    assert set(LIGER_KEYS) == {k.liger_key for k in KINDS.values()} | {"fused_linear_cross_entropy"}

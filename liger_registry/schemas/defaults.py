@@ -1,0 +1,26 @@
+"""The registry's defaults file (registry/defaults.yaml), read once: the schema fields take their defaults from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULTS_FILE = Path(__file__).parent.parent / "registry" / "defaults.yaml"
+_DEFAULTS: dict[str, Any] = yaml.safe_load(DEFAULTS_FILE.read_text(encoding="utf-8"))
+
+
+def default(path: str) -> Any:
+    """The default at a dotted path of the defaults file; a missing one is an error at import, never a None."""
+    node: Any = _DEFAULTS
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(f"{DEFAULTS_FILE}: no default for {path!r}")
+        node = node[part]
+    return node
+
+
+def default_list(path: str):
+    """A default_factory for a list default (each entry gets its own copy)."""
+    return lambda: list(default(path))

@@ -1,0 +1,164 @@
+"""The table of kernel kinds: the one place a kind is named; specs, patches, overrides and dispatch derive from it.
+
+Torch-free: a kind names its module forward maker (or drop-in function) as a ``"module:attribute"`` string that
+the planner imports only when it installs the kind, like transformers' auto mappings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, create_model
+
+from liger_registry.schemas.base import StrictModel
+from liger_registry.schemas.kernels import (
+    CrossEntropySpec,
+    GluSpec,
+    KernelSpec,
+    LayerNormSpec,
+    RmsNormSpec,
+    RopeSpec,
+)
+
+Scope = Literal["module forward", "module function"]
+
+# The head loss: not a `kernels:` kind (it lives in the `flce:` section), but an override and a liger key.
+FLCE_KEY = "fused_linear_cross_entropy"
+
+
+@dataclass(frozen=True)
+class KernelKind:
+    """One kind of kernel a family entry can declare under `kernels:`.
+
+    `maker`: for a module-forward kind, a function `maker(spec) -> forward` that replaces `forward` of each
+    target class; for a module-function kind, the drop-in function itself. `attributes`: spec fields whose
+    values name attributes every target module must have. `patchable`: spec fields a policy may change
+    (besides `enabled` and `reason`). `function_module`: where a module-function kind's function lives when
+    it is not in the family's module. `activations`: for gated MLPs, the config activations the kernel computes.
+    """
+
+    name: str
+    spec: type[KernelSpec]
+    scope: Scope
+    maker: str
+    description: str
+    op: str = ""  # the kernel op decide_backend knows it by; "" = the kind's name
+    liger_key: str | None = ""  # its liger_kernel_config key; "" = the kind's name, None = none
+    attributes: tuple[str, ...] = ()
+    patchable: tuple[str, ...] = ()
+    function_module: str | None = None
+    activations: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for attr in ("op", "liger_key"):
+            if getattr(self, attr) == "":
+                object.__setattr__(self, attr, self.name)
+
+    @property
+    def module_forward(self) -> bool:
+        return self.scope == "module forward"
+
+    def function_name(self, spec: Any) -> str:
+        """What a module-function kind replaces: a name in the family's module, or in the kind's own module."""
+        if self.function_module is None or ":" in spec.function:
+            return spec.function
+        return f"{self.function_module}:{spec.function}"
+
+
+KINDS: dict[str, KernelKind] = {
+    kind.name: kind
+    for kind in (
+        KernelKind(
+            "rms_norm",
+            RmsNormSpec,
+            "module forward",
+            "liger_registry.modules.rms_norm:rms_norm_forward",
+            "Fused RMSNorm on the listed norm classes.",
+            attributes=("weight_attr", "eps_attr"),
+            patchable=("casting_mode",),
+        ),
+        KernelKind(
+            "rope",
+            RopeSpec,
+            "module function",
+            "liger_registry.modules.rope:apply_rotary_pos_emb",
+            "Fused rotary embedding of q and k together.",
+        ),
+        KernelKind(
+            "swiglu",
+            GluSpec,
+            "module forward",
+            "liger_registry.modules.glu:swiglu_forward",
+            "Fused silu(gate) * up in the listed MLP classes.",
+            attributes=("gate", "up", "down"),
+            activations=("silu", "swish"),
+        ),
+        KernelKind(
+            "geglu",
+            GluSpec,
+            "module forward",
+            "liger_registry.modules.glu:geglu_forward",
+            "Fused gelu_tanh(gate) * up in the listed MLP classes.",
+            attributes=("gate", "up", "down"),
+            activations=("gelu_pytorch_tanh", "gelu_tanh"),
+        ),
+        KernelKind(
+            "layer_norm",
+            LayerNormSpec,
+            "module forward",
+            "liger_registry.modules.layer_norm:layer_norm_forward",
+            "Fused LayerNorm on the listed classes.",
+            attributes=("eps_attr",),
+        ),
+        KernelKind(
+            "cross_entropy",
+            CrossEntropySpec,
+            "module function",
+            "liger_registry.modules.cross_entropy:fixed_cross_entropy",
+            "Cross entropy on materialised logits.",
+            function_module="transformers.loss.loss_utils",
+        ),
+    )
+}
+
+KERNEL_NAMES = tuple(KINDS)
+
+
+def _optional(annotation: Any) -> Any:
+    return annotation | None
+
+
+def _patch_model(kind: KernelKind) -> type[StrictModel]:
+    """What a policy may change about one kind: enabled, reason and the kind's patchable fields."""
+    fields: dict[str, Any] = {
+        "enabled": (StrictBool | None, Field(None, description="Turn the kernel on or off.")),
+        "reason": (str | None, Field(None, description="Why.")),
+    }
+    for name in kind.patchable:
+        spec_field = kind.spec.model_fields[name]
+        fields[name] = (_optional(spec_field.annotation), Field(None, description=spec_field.description))
+    model_name = "".join(part.title() for part in kind.name.split("_")) + "Patch"
+    return create_model(
+        model_name, __base__=StrictModel, __doc__=f"Policy changes to the {kind.name} kernel.", **fields
+    )
+
+
+PATCH_MODELS: dict[str, type[StrictModel]] = {name: _patch_model(kind) for name, kind in KINDS.items()}
+
+KernelsSpec = create_model(
+    "KernelsSpec",
+    __base__=StrictModel,
+    __doc__="Which kernels a family gets; a kernel left out is not installed.",
+    **{name: (kind.spec | None, Field(None, description=kind.description)) for name, kind in KINDS.items()},
+)
+
+KernelsPatch = create_model(
+    "KernelsPatch",
+    __base__=StrictModel,
+    __doc__="Per-kernel changes a policy makes.",
+    **{
+        name: (PATCH_MODELS[name] | None, Field(None, description=f"Changes to the {name} kernel."))
+        for name in KINDS
+    },
+)

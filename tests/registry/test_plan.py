@@ -1,0 +1,49 @@
+"""The planner: dispatch by kernel kind, the activation read through act_config_attr, names that do not resolve."""
+
+import pytest
+
+from liger_registry.registry.loader import load_registry
+from liger_registry.registry.plan import make_plan
+from liger_registry.registry.resolve import resolve
+from liger_registry.testing import tiny_model
+
+MINI = """\
+family: mini
+model_types: [mini_llama]
+module: transformers.models.llama.modeling_llama
+causal_lm: LlamaForCausalLM
+kernels:
+  rms_norm: {targets: [LlamaRMSNorm]}
+"""
+
+
+def plan_for(tmp_path, kernels_yaml: str, model=True):
+    (tmp_path / "mini.yaml").write_text(MINI + kernels_yaml)
+    registry = load_registry(tmp_path)
+    resolved = resolve(registry, registry.family("mini"))
+    return make_plan(resolved, tiny_model("llama") if model else None)
+
+
+def test_every_kind_is_planned_from_the_table(tmp_path):
+    plan = plan_for(tmp_path, "  rope: {}\n  swiglu: {targets: [LlamaMLP]}\n")
+    assert plan.problems == []
+    assert {p.kernel for p in plan.replacements} >= {"rms_norm", "rope", "swiglu"}
+    assert {p.scope for p in plan.replacements if p.kernel == "rope"} == {"module"}
+
+
+def test_bogus_act_config_attr_is_a_problem(tmp_path):
+    plan = plan_for(tmp_path, "  swiglu: {targets: [LlamaMLP], act_config_attr: hidden_actvation}\n")
+    assert any("act_config_attr 'hidden_actvation'" in p for p in plan.problems)
+    assert not [p for p in plan.replacements if p.kernel == "swiglu"]
+
+
+def test_activation_read_through_act_config_attr_must_match_the_kernel(tmp_path):
+    plan = plan_for(tmp_path, "  geglu: {targets: [LlamaMLP]}\n")
+    assert any("geglu: the config's hidden_act is 'silu'" in p for p in plan.problems)
+
+
+@pytest.mark.parametrize("model", [True, False])
+def test_a_renamed_class_is_a_problem_not_an_exception(tmp_path, model):
+    plan = plan_for(tmp_path, "  swiglu: {targets: [LlamaMLPRenamed]}\n", model=model)
+    assert any("swiglu:" in p and "LlamaMLPRenamed" in p for p in plan.problems)
+    assert {p.kernel for p in plan.replacements} >= {"rms_norm"}

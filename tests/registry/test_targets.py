@@ -1,0 +1,70 @@
+"""Names against the installed transformers: the MoE contract, renamed classes under strict=False."""
+
+import pytest
+
+import liger_registry
+from liger_registry.registry.targets import moe_problems
+from liger_registry.testing import tiny_model
+
+MIXTRAL = """\
+family: mini_moe
+model_types: [mini_mixtral]
+module: transformers.models.mixtral.modeling_mixtral
+causal_lm: MixtralForCausalLM
+forward: causal_lm_moe
+"""
+
+
+def test_bundled_moe_families_meet_their_contract():
+    registry = liger_registry.load_registry()
+    moe = [f.entry for f in registry.families.values() if f.entry.forward == "causal_lm_moe"]
+    assert len(moe) >= 5 and all(moe_problems(entry) == [] for entry in moe)
+
+
+@pytest.mark.parametrize(
+    "head, message",
+    [
+        ("head: {moe: {top_k_attr: experts_per_token}}", "none of experts_per_token (the top_k"),
+        ("head: {moe: {aux_loss_function: balance_loss}}", "has no function 'balance_loss'"),
+        ("head: {moe: {num_experts_attrs: [n_experts]}}", "none of n_experts (the num_experts"),
+    ],
+)
+def test_moe_contract_catches_a_wrong_name(tmp_path, head, message, capsys):
+    (tmp_path / "m.yaml").write_text(MIXTRAL + head + "\n")
+    entry = liger_registry.load_registry(tmp_path).family("mini_moe").entry
+    assert any(message in p for p in moe_problems(entry))
+    from liger_registry import cli
+
+    assert cli.main(["lint", "--registry", str(tmp_path)]) == 1
+    assert "[moe]" in capsys.readouterr().out
+
+
+def test_apply_checks_the_moe_contract_on_the_model(tmp_path):
+    (tmp_path / "m.yaml").write_text(MIXTRAL + "head: {moe: {coefficient_attr: aux_coef}}\n")
+    registry = liger_registry.load_registry(tmp_path)
+    model = tiny_model("mixtral")
+    model.config.model_type = "mini_mixtral"
+    with pytest.raises(liger_registry.PatchError, match="none of aux_coef"):
+        liger_registry.apply(model, registry=registry)
+
+
+def test_strict_false_turns_a_renamed_class_into_a_warning(tmp_path):
+    (tmp_path / "r.yaml").write_text(
+        "family: renamed\nmodel_types: [renamed_llama]\nmodule: transformers.models.llama.modeling_llama\n"
+        "causal_lm: LlamaForCausalLM\nkernels:\n  rms_norm: {targets: [LlamaRMSNormV2]}\n  swiglu: {targets: [LlamaMLP]}\n"
+    )
+    registry = liger_registry.load_registry(tmp_path)
+    model = tiny_model("llama")
+    model.config.model_type = "renamed_llama"
+    with pytest.raises(liger_registry.PatchError, match="LlamaRMSNormV2"):
+        liger_registry.apply(model, registry=registry)
+    with pytest.warns(UserWarning, match="rms_norm: .*LlamaRMSNormV2"):
+        handle = liger_registry.apply(model, registry=registry, strict=False)
+    assert "rms_norm" not in handle.report.counts() and handle.report.counts()["swiglu"] > 0
+    handle.revert()
+    with pytest.warns(UserWarning, match="LlamaRMSNormV2"):
+        liger_registry.apply("renamed_llama", registry=registry, strict=False).revert()
+
+
+def test_explain_shows_known_breakage():
+    assert "known broken: transformers 5.24: the original" in str(liger_registry.explain("llama4"))
