@@ -77,8 +77,8 @@ def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape):
     else:
         assert plan.chunk_tokens == bt and plan.num_chunks == -(-shape[1] // plan.chunk_vocab)
         if plan.chunk_vocab < shape[1]:
-            assert plan.chunk_vocab % 8 == 0 and plan.chunk_vocab >= 128
-            widest = int(plan.budget_mib * 2**20 // (bt * 2)) // 8 * 8  # even chunks: no fewer would fit
+            assert plan.chunk_vocab % 128 == 0 and plan.chunk_vocab >= 128
+            widest = int(plan.budget_mib * 2**20 // (bt * 2)) // 128 * 128  # even chunks: no fewer would fit
             assert plan.num_chunks == -(-shape[1] // widest)
     if strategy != "auto" and plan.strategy != strategy:
         assert "infeasible" in plan.why
@@ -92,11 +92,11 @@ def test_vocab_infeasible_falls_back_to_tokens_and_says_why():
 @pytest.mark.parametrize(
     "bt,shape,c,width,n",
     [
-        (8192, LLAMA, 1, 4008, 32),  # the C=1 budget is 256 x V rows = 32 x 4008 columns x 8192 rows
-        (2048, LLAMA, 1, 4008, 32),
-        (16384, LLAMA, 1, 4008, 32),
-        (2048, (2880, 201088), 1, 3096, 65),
-        (8192, (2880, 201088), 8, 25136, 8),
+        (8192, LLAMA, 1, 3968, 33),  # the C=1 budget holds 4008 columns x 8192 rows; 3968 is the multiple of 128
+        (2048, LLAMA, 1, 3968, 33),
+        (16384, LLAMA, 1, 3968, 33),
+        (2048, (2880, 201088), 1, 3072, 66),
+        (8192, (2880, 201088), 8, 22400, 9),
     ],
 )
 def test_vocab_chunks_are_even(bt, shape, c, width, n):
