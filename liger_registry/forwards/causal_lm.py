@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from liger_registry import kernel_contract
+from liger_registry import kernels
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
     call_fused_head,
@@ -62,7 +62,7 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
 
     def compute(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
         target = shift_labels.reshape(-1).to(h.device)
-        return kernel_contract.fused_linear_cross_entropy(
+        return kernels.fused_linear_cross_entropy(
             h.reshape(-1, h.shape[-1]), weight, target, bias, options=options, return_token_accuracy=accuracy
         )
 

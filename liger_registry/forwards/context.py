@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import modeling_outputs
 
-from liger_registry.kernel_contract import FlceOptions
+from liger_registry.kernels import FlceOptions
 from liger_registry.schemas import FamilyEntry
 
 _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "MoeCausalLMOutputWithPast"}

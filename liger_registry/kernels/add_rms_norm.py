@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .torch_impl import rms_norm_torch
 from .variant_backend import variant_backend
-
-try:  # the kernels refactor renames reference.py to torch_impl.py; either side of that merge works
-    from .torch_impl import rms_norm_torch
-except ImportError:
-    from .reference import rms_norm_torch
 
 try:
     from . import triton_add_rms_norm as _tk

@@ -36,10 +36,10 @@ def kernel_ops(entry: FamilyEntry) -> dict[str, str]:
 
 def decide_backends(entry: FamilyEntry, device: Any, dtype: Any) -> list[BackendChoice]:
     """`kernels.decide_backend(op, device, dtype)` for every kernel the family installs."""
-    from liger_registry import kernel_contract
+    from liger_registry import kernels
 
     choices = []
     for kernel, op in kernel_ops(entry).items():
-        backend, reasons = kernel_contract.decide_backend(op, device, dtype)
+        backend, reasons = kernels.decide_backend(op, device, dtype)
         choices.append(BackendChoice(kernel, op, backend, tuple(reasons)))
     return choices

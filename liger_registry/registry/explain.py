@@ -63,14 +63,14 @@ class Explanation:
 
     def plan(self):
         """`kernels.flce_plan` for `tokens` tokens with the resolved budget knobs (None when FLCE is off)."""
-        from liger_registry import kernel_contract
+        from liger_registry import kernels
 
         entry = self.config.entry
         if entry.head is None or not entry.flce.enabled:
             return None
         hidden, vocab = self.shape()
         flce = entry.flce
-        return kernel_contract.flce_plan(
+        return kernels.flce_plan(
             self.tokens,
             hidden,
             vocab,

@@ -11,7 +11,6 @@ from typing import Any
 from torch import nn
 
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
-from liger_registry.kernel_contract import options_problem
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import import_module, moe_problems, resolve_class, resolve_name
@@ -124,9 +123,6 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
         plan.problems += [f"{FORWARD}: {p}" for p in problems]
         return
     ctx = ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
-    if ctx.flce_options is not None and (problem := options_problem(ctx.flce_options)):
-        plan.problems.append(f"{FORWARD}: {problem}")
-        return
     bound = bind_forward(spec.fn, ctx)
     if model is None:
         plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))

@@ -3,7 +3,7 @@
 import torch
 
 import liger_registry
-from liger_registry import kernel_contract
+from liger_registry import kernels
 from liger_registry.testing import tiny_model
 
 
@@ -30,7 +30,7 @@ def test_each_installed_kernel_asks_decide_backend_with_its_op(monkeypatch):
         asked.append((op, str(device), dtype))
         return ("triton", []) if op != "rope" else ("torch", ["no reason really"])
 
-    monkeypatch.setattr(kernel_contract, "decide_backend", decide)
+    monkeypatch.setattr(kernels, "decide_backend", decide)
     model = tiny_model("llama", dtype=torch.bfloat16)
     with liger_registry.patched(model) as handle:
         report = str(handle.report)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import liger_registry
-from liger_registry import kernel_contract
+from liger_registry import kernels
 from liger_registry.integrations import overrides_from_liger_kernel_config
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.loader import load_policy
@@ -101,21 +101,14 @@ def test_unknown_policy_name_is_an_error():
 
 
 def _spy(monkeypatch):
-    """Record the FlceOptions each call gets; run the call with a budget today's kernels take."""
-    seen, real = [], kernel_contract.fused_linear_cross_entropy
+    """Record the FlceOptions each call gets; run the call as given."""
+    seen, real = [], kernels.fused_linear_cross_entropy
 
     def spy(hidden, weight, target, bias=None, *, options, **flags):
         seen.append(options)
-        runnable = dataclasses.replace(
-            options, chunk_mem_const=options.chunk_mem_const or 1, max_chunk_mib=None
-        )
-        return real(hidden, weight, target, bias, options=runnable, **flags)
+        return real(hidden, weight, target, bias, options=options, **flags)
 
-    monkeypatch.setattr(kernel_contract, "fused_linear_cross_entropy", spy)
-    monkeypatch.setattr(kernel_contract, "options_problem", lambda options: None)
-    import liger_registry.registry.plan as plan
-
-    monkeypatch.setattr(plan, "options_problem", lambda options: None)
+    monkeypatch.setattr(kernels, "fused_linear_cross_entropy", spy)
     return seen
 
 
@@ -161,7 +154,7 @@ def test_explain_tokens_prints_the_plan_with_its_knobs(monkeypatch, capsys):
         calls.append((bt, h, v, knobs))
         return FakePlan()
 
-    monkeypatch.setattr(kernel_contract, "flce_plan", flce_plan)
+    monkeypatch.setattr(kernels, "flce_plan", flce_plan)
     from liger_registry import cli
 
     assert cli.main(["explain", "llama", "--tokens", "4096", "--policy", "throughput"]) == 0
@@ -187,9 +180,6 @@ def test_explain_tokens_prints_the_plan_with_its_knobs(monkeypatch, capsys):
     assert calls[-1][:3] == (10, 64, 1000) and calls[-1][3]["chunk_mem_const"] == 1
 
 
-@pytest.mark.skipif(
-    not kernel_contract.HAS_FLCE_PLAN, reason="needs kernels.flce_plan (the kernels branch, issue 10)"
-)
 def test_explain_tokens_against_the_real_planner():
     explanation = liger_registry.explain("llama", tokens=4096, policy="throughput")
     plan = explanation.plan()
@@ -197,9 +187,8 @@ def test_explain_tokens_against_the_real_planner():
     assert "FLCE plan for 4096 tokens" in str(explanation)
 
 
-def test_explain_tokens_without_the_planner_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setattr(kernel_contract, "HAS_FLCE_PLAN", False)
+def test_explain_tokens_with_a_bad_shape_is_a_clear_error(capsys):
     from liger_registry import cli
 
-    assert cli.main(["explain", "llama", "--tokens", "4096"]) == 1
-    assert "needs liger_registry.kernels from the kernels refactor (issue 10" in capsys.readouterr().err
+    assert cli.main(["explain", "llama", "--tokens", "-1"]) == 1
+    assert "liger-registry: bt must be a non-negative int, got -1" in capsys.readouterr().err
