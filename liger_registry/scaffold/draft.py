@@ -42,7 +42,13 @@ EXTRA_SMALL = {
     "v_head_dim": 8,
     "shared_expert_intermediate_size": 32,
     "moe_num_shared_experts": 1,
+    "moe_k": 2,
+    "num_kv_shared_layers": 0,
+    "vocab_size_per_layer_input": 128,
+    "hidden_size_per_layer_input": 8,
 }
+# Set even where the default is None (the constructor needs a number).
+REQUIRED_SMALL = ("n_routed_experts", "n_shared_experts")
 # A multimodal model's other towers (vision, audio) made small too; they are built, never run, by the checks.
 SUB_SMALL = {
     "hidden_size": 32,
@@ -94,7 +100,27 @@ def _text_attr(config: PretrainedConfig) -> str | None:
 
 def _shrunk(config: PretrainedConfig, values: dict[str, Any]) -> dict[str, Any]:
     known = config.to_dict()
-    return {k: v for k, v in values.items() if k in known and known[k] is not None}
+    return {k: v for k, v in values.items() if k in known and (known[k] is not None or k in REQUIRED_SMALL)}
+
+
+def _per_layer_lists(config: PretrainedConfig) -> dict[str, list]:
+    """Lists with one value per layer cut to SMALL's layer count, keeping two different kinds of layer where the
+    model has them (a hybrid's attention and its linear layers both get built and run)."""
+    layers, small = getattr(config, "num_hidden_layers", None), SMALL["num_hidden_layers"]
+    cut = {}
+    for name, value in config.to_dict().items():
+        if isinstance(value, list) and isinstance(layers, int) and layers > small and len(value) == layers:
+            other = next((v for v in value if v != value[0]), None)
+            cut[name] = [value[0]] * (small - 1) + [value[0] if other is None else other]
+    return cut
+
+
+def _structural(config: PretrainedConfig) -> dict[str, Any]:
+    """Dropout off (the checks compare two runs), and multi-head latent attention without grouped k/v heads."""
+    values = {k: 0.0 for k, v in config.to_dict().items() if "dropout" in k and isinstance(v, float) and v > 0}
+    if getattr(config, "kv_lora_rank", None) is not None:
+        values["num_key_value_heads"] = SMALL["num_attention_heads"]
+    return values
 
 
 def _scale_knobs(text: PretrainedConfig) -> dict[str, Any]:
@@ -116,7 +142,7 @@ def tiny_overrides(config: PretrainedConfig) -> tuple[dict[str, Any], list[str]]
     """The entry's tiny_config (over testing.SMALL) and the head candidates: scalar knobs it sets."""
     text_attr = _text_attr(config)
     text = config.get_text_config()
-    text_values = _shrunk(text, EXTRA_SMALL)
+    text_values = {**_shrunk(text, EXTRA_SMALL), **_per_layer_lists(text), **_structural(text)}
     pad = getattr(text, "pad_token_id", None)
     if isinstance(pad, int) and pad >= SMALL["vocab_size"]:
         text_values["pad_token_id"] = 0
@@ -161,6 +187,8 @@ def build_tiny(entry: FamilyEntry) -> nn.Module:
         if count > MAX_PARAMETERS:
             raise Refused(f"{count / 1e6:.0f}M parameters with small sizes (a tower the sizes miss)")
         return tiny_model(model_type, registry=registry)
+    except Refused as exc:
+        raise Refused(f"cannot build a tiny model: {exc}") from exc
     except Exception as exc:  # any config or constructor error is why this type is refused
         raise Refused(f"cannot build a tiny model: {type(exc).__name__}: {first_line(exc)}") from exc
 
