@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,12 @@ def _norm_weight(module: nn.Module) -> torch.Tensor | None:
     return weight if isinstance(weight, nn.Parameter) and weight.dim() == 1 else None
 
 
+def _forward_inputs(cls: type) -> list[str]:
+    """The forward's parameters after self, other than *args/**kwargs."""
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 def decide_rms_norm(captured: Captured) -> Verdict:
     """offset (0 or 1: Gemma stores weight - 1) from fp32, casting mode from bf16 against rms_norm_torch."""
     name, first = captured.cls.__name__, captured.instances[0]
@@ -73,6 +80,9 @@ def decide_rms_norm(captured: Captured) -> Verdict:
     eps_attr = _eps_attr(first)
     if _norm_weight(first) is None or any(_norm_weight(m) is None for m in captured.instances):
         verdict.reason = f"{name} has no 1-D weight parameter on every instance (a scale-free norm)"
+        return verdict
+    if len(_forward_inputs(captured.cls)) > 1:
+        verdict.reason = f"{name}'s forward takes {', '.join(_forward_inputs(captured.cls))} (a gated norm); the kernel takes x"
         return verdict
     if eps_attr is None or any(_eps_attr(m) != eps_attr for m in captured.instances):
         verdict.reason = f"{name} keeps epsilon in none of {', '.join(EPS_ATTRS)} as a float"
@@ -206,7 +216,8 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
         return verdict
     verdict.kernel = found.pop()
     act_attr = next((a for a in ACT_CONFIG_ATTRS if getattr(config, a, None)), None)
-    if act_attr is None or getattr(config, act_attr) not in ACTIVATIONS[verdict.kernel]:
+    # No activation in the config: the class hard-codes it, and the numbers above said which.
+    if act_attr is not None and getattr(config, act_attr) not in ACTIVATIONS[verdict.kernel]:
         act = getattr(config, act_attr, None) if act_attr else None
         verdict.reason = (
             f"{name} computes {verdict.kernel} but the config's activation ({act_attr}={act!r}) is not one the "
@@ -215,7 +226,7 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
         return verdict
     spec = dict(zip(("gate", "up", "down"), names, strict=True))
     verdict.spec = {k: v for k, v in spec.items() if v != f"{k}_proj"}
-    if act_attr != "hidden_act":
+    if act_attr not in (None, "hidden_act"):
         verdict.spec["act_config_attr"] = act_attr
     return verdict
 

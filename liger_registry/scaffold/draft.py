@@ -46,6 +46,13 @@ EXTRA_SMALL = {
     "num_kv_shared_layers": 0,
     "vocab_size_per_layer_input": 128,
     "hidden_size_per_layer_input": 8,
+    # Mamba-2 mixers: heads * head_dim = d_ssm = expand (2) * hidden_size (SMALL's 32).
+    "mamba_n_heads": 8,
+    "mamba_d_head": 8,
+    "mamba_d_ssm": 64,
+    "mamba_d_state": 8,
+    "mamba_n_groups": 1,
+    "mamba_chunk_size": 8,
 }
 # Set even where the default is None (the constructor needs a number).
 REQUIRED_SMALL = ("n_routed_experts", "n_shared_experts")
@@ -103,22 +110,44 @@ def _shrunk(config: PretrainedConfig, values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in known and (known[k] is not None or k in REQUIRED_SMALL)}
 
 
+def _aliased_small(config: PretrainedConfig) -> dict[str, Any]:
+    """SMALL's sizes under the config's own names where it aliases them (GPT-2's n_embd for hidden_size)."""
+    aliases = getattr(config, "attribute_map", {}) or {}
+    known = config.to_dict()
+    return {aliases[k]: v for k, v in SMALL.items() if k in aliases and aliases[k] in known}
+
+
 def _per_layer_lists(config: PretrainedConfig) -> dict[str, list]:
     """Lists with one value per layer cut to SMALL's layer count, keeping two different kinds of layer where the
     model has them (a hybrid's attention and its linear layers both get built and run)."""
     layers, small = getattr(config, "num_hidden_layers", None), SMALL["num_hidden_layers"]
     cut = {}
     for name, value in config.to_dict().items():
-        if isinstance(value, list) and isinstance(layers, int) and layers > small and len(value) == layers:
-            other = next((v for v in value if v != value[0]), None)
-            cut[name] = [value[0]] * (small - 1) + [value[0] if other is None else other]
+        if not (
+            isinstance(value, list) and isinstance(layers, int) and layers > small and len(value) == layers
+        ):
+            continue
+        other = next((v for v in value if v != value[0]), value[0])
+        cut[name] = [value[0]] * (small - 1) + [other]
+        if name in SMALL and len(set(value)) == 1:  # a size given per layer (Gemma 3n's intermediate_size)
+            cut[name] = [SMALL[name]] * small
+        if name == "layer_types" and set(value) == {"linear_attention"}:
+            # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers
+            # raises in get_seq_length), and the attention path would go unchecked.
+            cut[name] = ["linear_attention"] * (small - 1) + ["full_attention"]
     return cut
 
 
 def _structural(config: PretrainedConfig) -> dict[str, Any]:
     """Dropout off (the checks compare two runs), and multi-head latent attention without grouped k/v heads."""
-    values = {k: 0.0 for k, v in config.to_dict().items() if "dropout" in k and isinstance(v, float) and v > 0}
-    if getattr(config, "kv_lora_rank", None) is not None:
+    values = {k: 0.0 for k, v in config.to_dict().items() if "drop" in k and isinstance(v, float) and v > 0}
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    for name, sub in vars(config).items():
+        # DBRX's attention reads attn_config.rope_theta, which transformers 5's default sub-config lacks
+        # (checkpoints carry it): give it the model's own theta.
+        if isinstance(sub, PretrainedConfig) and theta is not None and "rope_theta" not in vars(sub):
+            values[name] = {"rope_theta": theta}
+    if config.to_dict().get("kv_lora_rank") is not None:
         values["num_key_value_heads"] = SMALL["num_attention_heads"]
     return values
 
@@ -142,7 +171,12 @@ def tiny_overrides(config: PretrainedConfig) -> tuple[dict[str, Any], list[str]]
     """The entry's tiny_config (over testing.SMALL) and the head candidates: scalar knobs it sets."""
     text_attr = _text_attr(config)
     text = config.get_text_config()
-    text_values = {**_shrunk(text, EXTRA_SMALL), **_per_layer_lists(text), **_structural(text)}
+    text_values = {
+        **_aliased_small(text),
+        **_shrunk(text, EXTRA_SMALL),
+        **_per_layer_lists(text),
+        **_structural(text),
+    }
     pad = getattr(text, "pad_token_id", None)
     if isinstance(pad, int) and pad >= SMALL["vocab_size"]:
         text_values["pad_token_id"] = 0
@@ -234,18 +268,27 @@ def norm_and_mlp_verdicts(model: nn.Module, config: Any, run) -> tuple[list[deci
     verdicts = []
     for captured in norms.values():
         has_bias = isinstance(getattr(captured.instances[0], "bias", None), nn.Parameter)
-        verdicts.append((decide.decide_layer_norm if has_bias else decide.decide_rms_norm)(captured))
+        verdict = (decide.decide_layer_norm if has_bias else decide.decide_rms_norm)(captured)
+        if not has_bias and verdict.reason and "a LayerNorm" in verdict.reason:
+            verdict = decide.decide_layer_norm(captured)  # filed, and explained, under the kernel it resembles
+        verdicts.append(verdict)
     verdicts += [decide.decide_glu(captured, config) for captured in mlps.values()]
     return verdicts, _structure_notes(model, mlps)
 
 
-def rope_verdict(source: ModelSource, run) -> decide.Verdict | None:
-    functions = rotary_functions(source.module)
-    if not functions:
-        return None
-    name = functions[0]
-    calls = record_calls(source.module, name, run)
-    return decide.decide_rope(name, getattr(source.module, name), calls)
+def rope_verdict(source: ModelSource, run) -> decide.Verdict:
+    """The drop-in replaces apply_rotary_pos_emb (HF's contract); any other rotary function is a reason."""
+    name, others = (
+        "apply_rotary_pos_emb",
+        [f for f in rotary_functions(source.module) if f != "apply_rotary_pos_emb"],
+    )
+    elsewhere = f" (the module has {', '.join(others)})" if others else ""
+    if not callable(getattr(source.module, name, None)):
+        return decide.Verdict("rope", name, reason=f"the module has no {name} to replace{elsewhere}")
+    verdict = decide.decide_rope(name, getattr(source.module, name), record_calls(source.module, name, run))
+    if verdict.reason and "is not called" in verdict.reason:
+        verdict.reason += elsewhere
+    return verdict
 
 
 def _section(verdicts: list[decide.Verdict], kernel: str, notes: list[str]) -> dict[str, Any] | None:
@@ -269,7 +312,7 @@ def _section(verdicts: list[decide.Verdict], kernel: str, notes: list[str]) -> d
     return {"targets": [v.target for v in bad], "enabled": False, "reason": "; ".join(v.reason for v in bad)}
 
 
-def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict | None, notes: list[str]) -> dict[str, Any]:
+def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict, notes: list[str]) -> dict[str, Any]:
     kernels = {}
     glu_failures = [v for v in verdicts if v.kernel == "swiglu" and not v.ok]
     if any(v.ok and v.kernel == "geglu" for v in verdicts) and not any(
@@ -280,12 +323,7 @@ def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict | None, notes:
     for kernel in ("rms_norm", "layer_norm", "swiglu", "geglu"):
         if (section := _section(verdicts, kernel, notes)) is not None:
             kernels[kernel] = section
-    if rope is None:
-        kernels["rope"] = {
-            "enabled": False,
-            "reason": "the module has no apply_rotary_pos_emb-like function to replace",
-        }
-    elif rope.ok:
+    if rope.ok:
         kernels["rope"] = rope.spec
     else:
         kernels["rope"] = {**rope.spec, "enabled": False, "reason": rope.reason}
@@ -302,8 +340,11 @@ def draft(model_type: str, family: str | None = None) -> Draft:
         config = AutoConfig.for_model(model_type)
     except Exception as exc:
         raise Refused(f"no config or causal-LM class: {type(exc).__name__}: {first_line(exc)}") from exc
-    tiny, candidates = tiny_overrides(config)
-    text_attr = _text_attr(config)
+    try:
+        tiny, candidates = tiny_overrides(config)
+        text_attr = _text_attr(config)
+    except Exception as exc:  # e.g. a heterogeneous config that has no global value to read
+        raise Refused(f"cannot make the config tiny: {type(exc).__name__}: {first_line(exc)}") from exc
     model = build_tiny(_base_entry(source, _family_name(family or model_type), tiny, "causal_lm"))
     batch = tiny_batch(model)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -337,8 +378,20 @@ def draft(model_type: str, family: str | None = None) -> Draft:
     return Draft(entry, notes)
 
 
+class _EntryDumper(yaml.SafeDumper):
+    """Block mappings, flow lists of scalars ([LlamaRMSNorm]), as the hand-written family files are."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(v, (dict, list)) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_EntryDumper.add_representer(list, _represent_list)
+
+
 def entry_yaml(entry: FamilyEntry) -> str:
     """The entry as YAML, minus every value the schema would default to."""
     data = entry.model_dump(exclude_defaults=True)
     data.setdefault("kernels", {})
-    return yaml.safe_dump(data, sort_keys=False, width=110, default_flow_style=None)
+    return yaml.dump(data, Dumper=_EntryDumper, sort_keys=False, width=110, default_flow_style=False)

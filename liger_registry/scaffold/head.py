@@ -61,12 +61,22 @@ def decide_head(
     """The head spec and forward name, from the built tiny model; HeadRefused where no forward fits."""
     lm_head = model.get_output_embeddings()
     lm_head_attr = child_name(model, lm_head)
-    if lm_head_attr is None or type(lm_head) is not nn.Linear:
+    if lm_head_attr is None:
         raise HeadRefused(
-            f"the output projection is not a plain nn.Linear attribute of the model ({type(lm_head).__name__})"
+            "the output projection is not a direct attribute of the causal LM (nested in a head module)"
         )
-    if not isinstance(getattr(model, "model", None), nn.Module):
-        raise HeadRefused("the causal LM holds its decoder under no `.model` attribute")
+    if type(lm_head) is not nn.Linear:
+        raise HeadRefused(f"the output projection is a {type(lm_head).__name__}, not a plain nn.Linear")
+    base_model = next(
+        (
+            n
+            for n in ("model", getattr(model, "base_model_prefix", ""))
+            if n and isinstance(getattr(model, n, None), nn.Module)
+        ),
+        None,
+    )
+    if base_model is None:
+        raise HeadRefused("the causal LM holds its decoder under neither `.model` nor its base_model_prefix")
     config = model.config.get_text_config()
     raw: list[torch.Tensor] = []
     hook = lm_head.register_forward_hook(lambda mod, args, out: raw.append(out.detach()))
@@ -86,6 +96,8 @@ def decide_head(
     head: dict[str, Any] = {**roles}
     if lm_head_attr != "lm_head":
         head["lm_head"] = lm_head_attr
+    if base_model != "model":
+        head["base_model"] = base_model
     if text_attr is not None:
         head["text_config_attr"] = text_attr
     forward = "causal_lm"

@@ -115,16 +115,12 @@ def record_calls(
 
 
 def rotary_functions(module: ModuleType) -> list[str]:
-    """Module-level functions that look like a rotary embedding of q and k (apply_rotary_pos_emb first)."""
-    names = [
+    """Module-level functions of the module named like a rotary embedding (apply_rotary_pos_emb, ...)."""
+    return sorted(
         n
         for n, v in vars(module).items()
-        if pyinspect.isfunction(v)
-        and "rotary" in n
-        and n.startswith("apply")
-        and v.__module__ == module.__name__
-    ]
-    return sorted(names, key=lambda n: (n != "apply_rotary_pos_emb", n))
+        if pyinspect.isfunction(v) and n.startswith("apply_rotary") and v.__module__ == module.__name__
+    )
 
 
 def config_names_read(cls: type, method: str = "forward") -> set[str]:

@@ -15,7 +15,7 @@ from liger_registry.scaffold.scaffold import ScaffoldResult, scaffold
 CAP_SECONDS = 60
 
 
-class _OverCap(Exception):
+class _OverCap(BaseException):  # not an Exception: the scaffold's own handlers must not swallow it
     pass
 
 
@@ -48,6 +48,9 @@ def scaffold_capped(model_type: str, cap: int = CAP_SECONDS) -> ScaffoldResult:
         return ScaffoldResult(
             model_type, reasons=[f"over the {cap} s cap per type"], seconds=time.perf_counter() - start
         )
+    except Exception as exc:  # the report goes on: a crash of the scaffold on one type is that type's reason
+        reason = f"the scaffold crashed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        return ScaffoldResult(model_type, reasons=[reason], seconds=time.perf_counter() - start)
 
 
 def scaffold_all(
