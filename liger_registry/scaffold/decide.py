@@ -76,7 +76,7 @@ def _forward_inputs(cls: type) -> list[str]:
 def decide_rms_norm(captured: Captured) -> Verdict:
     """offset (0 or 1: Gemma stores weight - 1) from fp32, casting mode from bf16 against rms_norm_torch."""
     name, first = captured.cls.__name__, captured.instances[0]
-    verdict = Verdict("rms_norm", name)
+    verdict = Verdict("rms_norm", captured.target or name)
     eps_attr = _eps_attr(first)
     if _norm_weight(first) is None or any(_norm_weight(m) is None for m in captured.instances):
         verdict.reason = f"{name} has no 1-D weight parameter on every instance (a scale-free norm)"
@@ -143,7 +143,7 @@ def _is_layer_norm(module: nn.Module, x: torch.Tensor, want: torch.Tensor, eps: 
 def decide_layer_norm(captured: Captured) -> Verdict:
     """A LayerNorm class with weight, bias and epsilon that computes F.layer_norm."""
     name, first = captured.cls.__name__, captured.instances[0]
-    verdict = Verdict("layer_norm", name)
+    verdict = Verdict("layer_norm", captured.target or name)
     weight, bias = _norm_weight(first), getattr(first, "bias", None)
     eps_attr = _eps_attr(first)
     if weight is None or not isinstance(bias, nn.Parameter) or eps_attr is None:
@@ -184,7 +184,7 @@ def is_gated_mlp_candidate(cls: type, module: nn.Module) -> bool:
 def decide_glu(captured: Captured, config: Any) -> Verdict:
     """swiglu or geglu: down(act(gate(x)) * up(x)) against the module's own output in fp32."""
     name, first = captured.cls.__name__, captured.instances[0]
-    verdict = Verdict("swiglu", name)
+    verdict = Verdict("swiglu", captured.target or name)
     names = glu_projections(first)
     if names is None:
         verdict.reason = (

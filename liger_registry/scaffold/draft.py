@@ -22,6 +22,7 @@ from liger_registry.scaffold.inspect import (
     module_classes,
     record_calls,
     rotary_functions,
+    target_name,
 )
 from liger_registry.schemas import FamilyEntry
 from liger_registry.testing import SMALL
@@ -70,6 +71,9 @@ SUB_SMALL = {
 }
 # Distinct, none the reciprocal of another, so each knob's role (divide, multiply, softcap) is identifiable.
 KNOB_VALUES = (1.5, 0.7, 1.3, 2.0, 0.6, 1.75, 0.9, 1.2, 0.8, 2.5)
+# A softcap this small still bends tiny-model logits measurably, without saturating tanh (which would leave
+# gradients of only rounding noise for AdamW to amplify in the parity suite).
+SOFTCAP_VALUE = 5.0
 _KNOB = re.compile(r"multiplier|scaling|logit_scale|softcap")
 MAX_PARAMETERS = 20_000_000
 SCAFFOLD_PATH = Path("<scaffold>")
@@ -160,7 +164,9 @@ def _scale_knobs(text: PretrainedConfig) -> dict[str, Any]:
     for name, value in sorted(text.to_dict().items()):
         if not _KNOB.search(name) or isinstance(value, bool):
             continue
-        if isinstance(value, float) or (value is None and "softcap" in name):
+        if "softcap" in name and (value is None or isinstance(value, float)):
+            knobs[name] = SOFTCAP_VALUE
+        elif isinstance(value, float):
             knobs[name] = next(values, 1.5)
         elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
             knobs[name] = [next(values, 1.5) for _ in value]
@@ -262,15 +268,21 @@ def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
     return notes
 
 
-def norm_and_mlp_verdicts(model: nn.Module, config: Any, run) -> tuple[list[decide.Verdict], list[str]]:
+def norm_and_mlp_verdicts(
+    model: nn.Module, config: Any, run, source: ModelSource
+) -> tuple[list[decide.Verdict], list[str]]:
     norms, mlps = _leaf_norms(model), _gated_mlps(model)
+    for captured in (*norms.values(), *mlps.values()):
+        captured.target = target_name(captured.cls, source.module)
     capture_inputs(model, {**norms, **mlps}, run)
     verdicts = []
     for captured in norms.values():
         has_bias = isinstance(getattr(captured.instances[0], "bias", None), nn.Parameter)
         verdict = (decide.decide_layer_norm if has_bias else decide.decide_rms_norm)(captured)
         if not has_bias and verdict.reason and "a LayerNorm" in verdict.reason:
-            verdict = decide.decide_layer_norm(captured)  # filed, and explained, under the kernel it resembles
+            verdict = decide.decide_layer_norm(
+                captured
+            )  # filed, and explained, under the kernel it resembles
         verdicts.append(verdict)
     verdicts += [decide.decide_glu(captured, config) for captured in mlps.values()]
     return verdicts, _structure_notes(model, mlps)
@@ -340,6 +352,10 @@ def draft(model_type: str, family: str | None = None) -> Draft:
         config = AutoConfig.for_model(model_type)
     except Exception as exc:
         raise Refused(f"no config or causal-LM class: {type(exc).__name__}: {first_line(exc)}") from exc
+    if config.model_type != model_type:
+        raise Refused(
+            f"its config reports model_type {config.model_type!r}: an entry for that type serves it"
+        )
     try:
         tiny, candidates = tiny_overrides(config)
         text_attr = _text_attr(config)
@@ -354,7 +370,7 @@ def draft(model_type: str, family: str | None = None) -> Draft:
         return model(**inputs)
 
     try:
-        verdicts, notes = norm_and_mlp_verdicts(model, model.config.get_text_config(), run)
+        verdicts, notes = norm_and_mlp_verdicts(model, model.config.get_text_config(), run, source)
         rope = rope_verdict(source, run)
         head = decide_head(model, source, text_attr, candidates, inputs)
     except HeadRefused as exc:

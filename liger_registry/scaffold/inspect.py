@@ -56,6 +56,13 @@ class Captured:
     cls: type
     instances: list[nn.Module] = field(default_factory=list)
     inputs: list[tuple] = field(default_factory=list)
+    target: str = ""  # how a family entry of the module names the class
+
+
+def target_name(cls: type, module: ModuleType) -> str:
+    """`Class` when the family's module has it, else `transformers.<module>:Class` (a class imported from, or
+    defined in, another module)."""
+    return cls.__name__ if getattr(module, cls.__name__, None) is cls else f"{cls.__module__}:{cls.__name__}"
 
 
 def _from_transformers(cls: type) -> bool:

@@ -133,7 +133,10 @@ def prove(entry: FamilyEntry) -> Proof:
             registry = temp_registry(entry, Path(directory))
         except RegistryError as exc:
             return Proof([str(exc), *(exc.problems or [])], None)
-        findings = [f.message for f in lint(deep=True, registry=registry)]
+        try:
+            findings = [f.message for f in lint(deep=True, registry=registry)]
+        except Exception as exc:  # noqa: BLE001 - the lint itself failing on the entry is a finding too
+            findings = [f"lint --deep raised {type(exc).__name__}: {first_line(exc)}"]
         if findings:
             return Proof(findings, None)
         try:

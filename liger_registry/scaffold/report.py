@@ -64,14 +64,16 @@ def scaffold_all(
     return results
 
 
-_DETAIL = re.compile(r"\(.*?\)|'[^']*'|\"[^\"]*\"|\b\d[\d.e+-]*\b")
+_DETAIL = re.compile(r"\(.*?\)|(?<!\w)'[^']*'|\"[^\"]*\"|\[[^\]]*\]|\b\d[\d.e+-]*\b")
+_NESTED = ("proof failed", "cannot build a tiny model", "cannot make the config tiny", "the scaffold crashed")
 
 
 def reason_group(reason: str) -> str:
-    """A refusal reason without its specifics (names, numbers), so that alike reasons count together."""
-    head = reason.split(": ")
-    kept = ": ".join(head[:3] if head[0] in ("proof failed", "cannot build a tiny model") else head[:2])
-    return _DETAIL.sub("…", kept)[:120]
+    """A refusal reason without its specifics (names, numbers), so that alike reasons count together: the
+    stage, and for a raised error its type."""
+    parts = reason.split(": ")
+    kept = ": ".join(parts[:2] if parts[0] in _NESTED else parts[:1])
+    return _DETAIL.sub("…", kept)[:110]
 
 
 def format_line(result: ScaffoldResult) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import transformers
+from packaging.version import Version
+
 from liger_registry.scaffold.draft import Refused, draft, entry_yaml
 from liger_registry.scaffold.prove import Proof, prove
 from liger_registry.schemas import FamilyEntry
@@ -28,6 +31,12 @@ class ScaffoldResult:
 
     def yaml(self) -> str:
         return entry_yaml(self.entry) if self.entry is not None else ""
+
+
+def _tested(entry: FamilyEntry) -> FamilyEntry:
+    """The entry with the installed transformers (major.minor) as the version its proof ran on."""
+    version = Version(transformers.__version__)
+    return entry.model_copy(update={"tested": [f"{version.major}.{version.minor}"]})
 
 
 def _without(entry: FamilyEntry, kernel: str, why: str) -> FamilyEntry:
@@ -62,9 +71,9 @@ def scaffold(model_type: str, family: str | None = None) -> ScaffoldResult:
         return result
     result.proof = prove(entry)
     if result.proof.ok:
-        result.entry = entry
+        result.entry = _tested(entry)
     elif (fixed := _ablate(entry, result.proof, result)) is not None:
-        result.entry = fixed
+        result.entry = _tested(fixed)
     else:
         result.reasons += [f"proof failed: {p}" for p in result.proof.problems()]
     result.seconds = time.perf_counter() - start
