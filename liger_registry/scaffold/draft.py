@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect as pyinspect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,12 +122,27 @@ def _aliased_small(config: PretrainedConfig) -> dict[str, Any]:
     return {aliases[k]: v for k, v in SMALL.items() if k in aliases and aliases[k] in known}
 
 
-def _per_layer_lists(config: PretrainedConfig) -> dict[str, list]:
+_KIND_TEST = re.compile(r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']")
+
+
+def _other_layer_kind(kinds: set[str], module_source: str) -> str | None:
+    """A layer kind the modeling code tests for that the default config does not use (LFM2 defaults to attention
+    layers only; checkpoints interleave "conv" layers), else a full-attention layer for an all-linear hybrid."""
+    tested = [k for k in _KIND_TEST.findall(module_source) if k not in kinds]
+    if tested:
+        return tested[0]
+    # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers raises in
+    # get_seq_length), and the attention path would go unchecked.
+    return "full_attention" if kinds == {"linear_attention"} else None
+
+
+def _per_layer_lists(config: PretrainedConfig, module_source: str = "") -> dict[str, list]:
     """Lists with one value per layer cut to SMALL's layer count, keeping two different kinds of layer where the
     model has them (a hybrid's attention and its linear layers both get built and run)."""
     layers, small = getattr(config, "num_hidden_layers", None), SMALL["num_hidden_layers"]
+    values = config.to_dict()
     cut = {}
-    for name, value in config.to_dict().items():
+    for name, value in values.items():
         if not (
             isinstance(value, list) and isinstance(layers, int) and layers > small and len(value) == layers
         ):
@@ -135,17 +151,32 @@ def _per_layer_lists(config: PretrainedConfig) -> dict[str, list]:
         cut[name] = [value[0]] * (small - 1) + [other]
         if name in SMALL and len(set(value)) == 1:  # a size given per layer (Gemma 3n's intermediate_size)
             cut[name] = [SMALL[name]] * small
-        if name == "layer_types" and set(value) == {"linear_attention"}:
-            # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers
-            # raises in get_seq_length), and the attention path would go unchecked.
-            cut[name] = ["linear_attention"] * (small - 1) + ["full_attention"]
+        if (
+            name == "layer_types"
+            and len(set(value)) == 1
+            and (kind := _other_layer_kind(set(value), module_source))
+        ):
+            cut[name] = [kind] * (small - 1) + [value[0]] if kind != "full_attention" else [value[0], kind]
+    types, cut_types = values.get("layer_types"), cut.get("layer_types")
+    for (
+        name,
+        value,
+    ) in values.items():  # index lists of one kind of layer (LFM2's full_attn_idxs) follow the cut
+        if "idx" in name and isinstance(value, list) and types and cut_types:
+            kind = next((k for k in set(types) if value == [i for i, t in enumerate(types) if t == k]), None)
+            if kind is not None:
+                cut[name] = [i for i, t in enumerate(cut_types) if t == kind]
     return cut
 
 
 def _structural(config: PretrainedConfig) -> dict[str, Any]:
     """Dropout off (the checks compare two runs), and multi-head latent attention without grouped k/v heads."""
     values = {k: 0.0 for k, v in config.to_dict().items() if "drop" in k and isinstance(v, float) and v > 0}
-    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    rope = config.to_dict().get("rope_parameters") or {}
+    if rope.get("partial_rotary_factor") == 1.0:
+        # A knob whose default hides a code path (Phi-3's 1.0; Phi-4-mini ships 0.75): the partial one is checked.
+        values["rope_parameters"] = {**rope, "partial_rotary_factor": 0.5}
+    theta = rope.get("rope_theta")
     for name, sub in vars(config).items():
         # DBRX's attention reads attn_config.rope_theta, which transformers 5's default sub-config lacks
         # (checkpoints carry it): give it the model's own theta.
@@ -173,14 +204,14 @@ def _scale_knobs(text: PretrainedConfig) -> dict[str, Any]:
     return knobs
 
 
-def tiny_overrides(config: PretrainedConfig) -> tuple[dict[str, Any], list[str]]:
+def tiny_overrides(config: PretrainedConfig, module_source: str = "") -> tuple[dict[str, Any], list[str]]:
     """The entry's tiny_config (over testing.SMALL) and the head candidates: scalar knobs it sets."""
     text_attr = _text_attr(config)
     text = config.get_text_config()
     text_values = {
         **_aliased_small(text),
         **_shrunk(text, EXTRA_SMALL),
-        **_per_layer_lists(text),
+        **_per_layer_lists(text, module_source),
         **_structural(text),
     }
     pad = getattr(text, "pad_token_id", None)
@@ -357,7 +388,7 @@ def draft(model_type: str, family: str | None = None) -> Draft:
             f"its config reports model_type {config.model_type!r}: an entry for that type serves it"
         )
     try:
-        tiny, candidates = tiny_overrides(config)
+        tiny, candidates = tiny_overrides(config, pyinspect.getsource(source.module))
         text_attr = _text_attr(config)
     except Exception as exc:  # e.g. a heterogeneous config that has no global value to read
         raise Refused(f"cannot make the config tiny: {type(exc).__name__}: {first_line(exc)}") from exc

@@ -64,7 +64,7 @@ def scaffold_all(
     return results
 
 
-_DETAIL = re.compile(r"\(.*?\)|(?<!\w)'[^']*'|\"[^\"]*\"|\[[^\]]*\]|\b\d[\d.e+-]*\b")
+_DETAIL = re.compile(r"\(.*?\)|(?<!\w)'[^']*'|\"[^\"]*\"|\[[^\]]*\]|\b\d[\d.e+-]*[kMG]?\b")
 _NESTED = ("proof failed", "cannot build a tiny model", "cannot make the config tiny", "the scaffold crashed")
 
 

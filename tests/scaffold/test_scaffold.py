@@ -23,7 +23,7 @@ def _kernels(entry: FamilyEntry) -> dict:
     }
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma", "granite"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "granite", "phi3"])
 def test_draft_agrees_with_the_hand_written_entry(model_type):
     """The bundled entries were written by hand before the scaffold existed: the draft makes the same choices."""
     drafted = draft(model_type).entry
@@ -108,3 +108,15 @@ def test_emitted_yaml_of_the_bundled_entries_round_trips():
     for name in ("gemma", "falcon_h1", "mllama"):
         entry = BUNDLED.family(name).entry
         assert FamilyEntry.model_validate(yaml.safe_load(entry_yaml(entry))) == entry
+
+
+def test_default_configs_that_hide_a_code_path_are_changed():
+    """Defaults that leave a path unbuilt: Phi-3's full rotary (Phi-4-mini rotates 0.75), LFM2's attention-only
+    layers (checkpoints interleave short convolutions) and Granite 4's all-Mamba hybrid."""
+    assert draft("phi3").entry.tiny_config["rope_parameters"]["partial_rotary_factor"] == 0.5
+    lfm2 = draft("lfm2").entry.tiny_config
+    assert (lfm2["layer_types"], lfm2["full_attn_idxs"]) == (["conv", "full_attention"], [1])
+    assert draft("granitemoehybrid").entry.tiny_config["layer_types"] == [
+        "linear_attention",
+        "full_attention",
+    ]
