@@ -122,13 +122,24 @@ def _aliased_small(config: PretrainedConfig) -> dict[str, Any]:
     return {aliases[k]: v for k, v in SMALL.items() if k in aliases and aliases[k] in known}
 
 
+# `"full_attention" if i in self.full_attn_idxs else "conv"`, as a configuration derives its layer types.
+_KIND_CHOICE = re.compile(r"[\"'](\w+)[\"']\s+if\s+[^\n]*?\s+else\s+[\"'](\w+)[\"']")
 _KIND_TEST = re.compile(r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']")
 
 
 def _other_layer_kind(kinds: set[str], module_source: str) -> str | None:
     """A layer kind the modeling code tests for that the default config does not use (LFM2 defaults to attention
     layers only; checkpoints interleave "conv" layers), else a full-attention layer for an all-linear hybrid."""
-    tested = [k for k in _KIND_TEST.findall(module_source) if k not in kinds]
+    # Only another kind of block (a convolution, a recurrence), not another attention mask: a sliding layer
+    # needs a window the default may leave unset.
+    paired = [
+        k
+        for pair in _KIND_CHOICE.findall(module_source)
+        if kinds & set(pair)
+        for k in pair
+        if "attention" not in k
+    ]
+    tested = [k for k in [*_KIND_TEST.findall(module_source), *paired] if k not in kinds]
     if tested:
         return tested[0]
     # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers raises in
@@ -388,7 +399,8 @@ def draft(model_type: str, family: str | None = None) -> Draft:
             f"its config reports model_type {config.model_type!r}: an entry for that type serves it"
         )
     try:
-        tiny, candidates = tiny_overrides(config, pyinspect.getsource(source.module))
+        sources = [pyinspect.getsource(source.module), pyinspect.getsource(pyinspect.getmodule(type(config)))]
+        tiny, candidates = tiny_overrides(config, "\n".join(sources))
         text_attr = _text_attr(config)
     except Exception as exc:  # e.g. a heterogeneous config that has no global value to read
         raise Refused(f"cannot make the config tiny: {type(exc).__name__}: {first_line(exc)}") from exc
