@@ -1,4 +1,4 @@
-"""The `liger-registry` command: lint, list, show, explain, schema, demo."""
+"""The `liger-registry` command: lint, list, show, explain, schema, demo, scaffold."""
 
 from __future__ import annotations
 
@@ -50,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     schema.add_argument("--kind", choices=["family", "policy", "all"], default="all")
     demo = sub.add_parser("demo", help="train a tiny Llama unpatched and patched")
     demo.add_argument("--steps", type=int, default=5)
+    scaffold = sub.add_parser("scaffold", help="draft and prove a family entry")
+    scaffold.add_argument("model_type", nargs="?", help="a causal-LM model type transformers registers")
+    scaffold.add_argument("--family", help="family name of the entry (default: the model type)")
+    scaffold.add_argument("--write", metavar="DIR", help="write <family>.yaml into DIR")
+    scaffold.add_argument("--all", action="store_true", help="every causal-LM model type")
+    scaffold.add_argument("--report", action="store_true", help="with --all: a line per type")
+    scaffold.add_argument("--cap", type=int, default=60, metavar="S", help="seconds per type")
     return parser
 
 
@@ -140,6 +147,12 @@ def _demo(args) -> int:
     return 0
 
 
+def _scaffold(args) -> int:
+    from liger_registry.scaffold.cli import scaffold_command
+
+    return scaffold_command(args)
+
+
 COMMANDS = {
     "lint": _lint,
     "list": _list,
@@ -147,6 +160,7 @@ COMMANDS = {
     "explain": _explain,
     "schema": _schema,
     "demo": _demo,
+    "scaffold": _scaffold,
 }
 
 

@@ -47,7 +47,10 @@ def tiny_config(model_type: str, registry: Registry | None = None, **overrides: 
 def _update(config: PretrainedConfig, values: dict[str, Any]) -> None:
     """Set config values; a dict for a nested config (text_config, vision_config) updates that config."""
     for key, value in values.items():
-        current = getattr(config, key, None)
+        try:
+            current = getattr(config, key, None)
+        except RuntimeError:  # a per-layer attribute of a heterogeneous config (Gemma 4) has no global value
+            current = None
         if isinstance(value, dict) and isinstance(current, PretrainedConfig):
             _update(current, value)
         else:

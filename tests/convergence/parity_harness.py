@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 
 import liger_registry as L
 from liger_registry.kernels.op import backend_for
@@ -16,6 +18,12 @@ from liger_registry.registry.loader import Registry
 from liger_registry.testing import tiny_batch, tiny_model
 
 REGISTRY = load_registry()
+# transformers releases whose original forward of these families cannot compute the router loss (the base model
+# does not collect router logits, so `aux_loss` stays the int 0 and `.to()` fails): parity runs without it there.
+ROUTER_LOSS_BROKEN = {
+    family: Version(transformers.__version__) < Version("5.24")
+    for family in ("granitemoe", "granitemoeshared", "granitemoehybrid")
+}
 RESULTS: list[tuple[Result, str]] = []  # filled by the tests, printed by conftest's terminal summary
 STEPS = 3
 LR = 1e-3
@@ -119,7 +127,7 @@ def _batches(model, device: str) -> list[dict]:
 def _call(family: str, model, batch: dict, **kwargs):
     if not _has_head(family):
         batch = {k: v for k, v in batch.items() if k != "labels"}
-    elif _moe(family):
+    elif _moe(family) and not ROUTER_LOSS_BROKEN.get(family, False):
         kwargs.setdefault("output_router_logits", True)  # exercise the router load-balancing loss too
     return model(**batch, **kwargs)
 

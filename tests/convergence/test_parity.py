@@ -102,7 +102,11 @@ def test_every_family_is_covered() -> None:
         "llama llama4 llama4_text mllama llava mistral ministral mixtral qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next "
         "qwen3_5 qwen3_5_moe qwen2_vl qwen2_5_vl qwen3_vl gemma gemma2 gemma3_text gemma3 paligemma phi3 granite "
         "gpt_oss olmo2 olmo3 glm4 smollm3 nemotron exaone4 falcon_h1 hunyuan_v1_dense qwen3_5_text qwen3_5_moe_text "
-        "qwen2_vl_text qwen2_5_vl_text qwen3_vl_text"
+        "qwen2_vl_text qwen2_5_vl_text qwen3_vl_text "
+        # issue 13: added with `liger-registry scaffold`
+        "deepseek_v2 deepseek_v3 glm4_moe glm4_moe_lite gemma3n_text gemma4 gemma4_text cohere cohere2 olmo olmoe "
+        "granitemoe granitemoeshared granitemoehybrid starcoder2 phi phimoe ernie4_5 ernie4_5_moe minimax seed_oss "
+        "hunyuan_v1_moe helium arcee apertus lfm2 exaone_moe dots1 stablelm bitnet"
     ).split()
     missing = [t for t in wanted if t not in REGISTRY.by_model_type]
     assert not missing, missing

@@ -1,0 +1,456 @@
+"""Drafts a FamilyEntry for a model type from its tiny model: kernels where the numbers match, reasons elsewhere."""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+
+from liger_registry.registry.loader import LoadedFamily, Registry
+from liger_registry.scaffold import decide
+from liger_registry.scaffold.inspect import (
+    Captured,
+    ModelSource,
+    capture_inputs,
+    model_source,
+    module_classes,
+    record_calls,
+    rotary_functions,
+    target_name,
+)
+from liger_registry.schemas import FamilyEntry
+from liger_registry.testing import SMALL
+
+# Sizes beyond liger_registry.testing.SMALL that MoE and MLA configs name differently (only keys a config has).
+EXTRA_SMALL = {
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "moe_num_experts": 4,
+    "num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 8,
+    "shared_expert_intermediate_size": 32,
+    "moe_num_shared_experts": 1,
+    "moe_k": 2,
+    "num_kv_shared_layers": 0,
+    "vocab_size_per_layer_input": 128,
+    "hidden_size_per_layer_input": 8,
+    # Mamba-2 mixers: heads * head_dim = d_ssm = expand (2) * hidden_size (SMALL's 32).
+    "mamba_n_heads": 8,
+    "mamba_d_head": 8,
+    "mamba_d_ssm": 64,
+    "mamba_d_state": 8,
+    "mamba_n_groups": 1,
+    "mamba_chunk_size": 8,
+}
+# Set even where the default is None (the constructor needs a number).
+REQUIRED_SMALL = ("n_routed_experts", "n_shared_experts")
+# A multimodal model's other towers (vision, audio) made small too; they are built, never run, by the checks.
+SUB_SMALL = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "depth": 1,
+    "num_attention_heads": 2,
+    "num_heads": 2,
+    "num_key_value_heads": 2,
+    "embed_dim": 32,
+    "out_hidden_size": 32,
+}
+# Distinct, none the reciprocal of another, so each knob's role (divide, multiply, softcap) is identifiable.
+KNOB_VALUES = (1.5, 0.7, 1.3, 2.0, 0.6, 1.75, 0.9, 1.2, 0.8, 2.5)
+# A softcap this small still bends tiny-model logits measurably, without saturating tanh (which would leave
+# gradients of only rounding noise for AdamW to amplify in the parity suite).
+SOFTCAP_VALUE = 5.0
+_KNOB = re.compile(r"multiplier|scaling|logit_scale|softcap")
+MAX_PARAMETERS = 20_000_000
+SCAFFOLD_PATH = Path("<scaffold>")
+
+
+class Refused(Exception):
+    """The scaffold cannot draft an entry; the message says why."""
+
+
+@dataclass
+class Draft:
+    entry: FamilyEntry
+    notes: list[str] = field(default_factory=list)  # what the entry leaves as it is, and why
+    refusals: list[str] = field(default_factory=list)
+
+    def registry(self, base: Registry | None = None) -> Registry:
+        return single_family_registry(self.entry, base)
+
+
+def single_family_registry(
+    entry: FamilyEntry, base: Registry | None = None, path: Path = SCAFFOLD_PATH
+) -> Registry:
+    """A registry that serves only `entry` (with the bundled policies of `base`)."""
+    loaded = LoadedFamily(entry, path)
+    policies = list(base.policies) if base is not None else []
+    return Registry({entry.family: loaded}, dict.fromkeys(entry.model_types, entry.family), policies)
+
+
+def _text_attr(config: PretrainedConfig) -> str | None:
+    text = config.get_text_config()
+    if text is config:
+        return None
+    return next((k for k, v in vars(config).items() if v is text), None)
+
+
+def _shrunk(config: PretrainedConfig, values: dict[str, Any]) -> dict[str, Any]:
+    known = config.to_dict()
+    return {k: v for k, v in values.items() if k in known and (known[k] is not None or k in REQUIRED_SMALL)}
+
+
+def _aliased_small(config: PretrainedConfig) -> dict[str, Any]:
+    """SMALL's sizes under the config's own names where it aliases them (GPT-2's n_embd for hidden_size)."""
+    aliases = getattr(config, "attribute_map", {}) or {}
+    known = config.to_dict()
+    return {aliases[k]: v for k, v in SMALL.items() if k in aliases and aliases[k] in known}
+
+
+# `"full_attention" if i in self.full_attn_idxs else "conv"`, as a configuration derives its layer types.
+_KIND_CHOICE = re.compile(r"[\"'](\w+)[\"']\s+if\s+[^\n]*?\s+else\s+[\"'](\w+)[\"']")
+_KIND_TEST = re.compile(r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']")
+
+
+def _other_layer_kind(kinds: set[str], module_source: str) -> str | None:
+    """A layer kind the modeling code tests for that the default config does not use (LFM2 defaults to attention
+    layers only; checkpoints interleave "conv" layers), else a full-attention layer for an all-linear hybrid."""
+    # Only another kind of block (a convolution, a recurrence), not another attention mask: a sliding layer
+    # needs a window the default may leave unset.
+    paired = [
+        k
+        for pair in _KIND_CHOICE.findall(module_source)
+        if kinds & set(pair)
+        for k in pair
+        if "attention" not in k
+    ]
+    tested = [k for k in [*_KIND_TEST.findall(module_source), *paired] if k not in kinds]
+    if tested:
+        return tested[0]
+    # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers raises in
+    # get_seq_length), and the attention path would go unchecked.
+    return "full_attention" if kinds == {"linear_attention"} else None
+
+
+def _per_layer_lists(config: PretrainedConfig, module_source: str = "") -> dict[str, list]:
+    """Lists with one value per layer cut to SMALL's layer count, keeping two different kinds of layer where the
+    model has them (a hybrid's attention and its linear layers both get built and run)."""
+    layers, small = getattr(config, "num_hidden_layers", None), SMALL["num_hidden_layers"]
+    values = config.to_dict()
+    cut = {}
+    for name, value in values.items():
+        if not (
+            isinstance(value, list) and isinstance(layers, int) and layers > small and len(value) == layers
+        ):
+            continue
+        other = next((v for v in value if v != value[0]), value[0])
+        cut[name] = [value[0]] * (small - 1) + [other]
+        if name in SMALL and len(set(value)) == 1:  # a size given per layer (Gemma 3n's intermediate_size)
+            cut[name] = [SMALL[name]] * small
+        if (
+            name == "layer_types"
+            and len(set(value)) == 1
+            and (kind := _other_layer_kind(set(value), module_source))
+        ):
+            cut[name] = [kind] * (small - 1) + [value[0]] if kind != "full_attention" else [value[0], kind]
+    types, cut_types = values.get("layer_types"), cut.get("layer_types")
+    for (
+        name,
+        value,
+    ) in values.items():  # index lists of one kind of layer (LFM2's full_attn_idxs) follow the cut
+        if "idx" in name and isinstance(value, list) and types and cut_types:
+            kind = next((k for k in set(types) if value == [i for i, t in enumerate(types) if t == k]), None)
+            if kind is not None:
+                cut[name] = [i for i, t in enumerate(cut_types) if t == kind]
+    return cut
+
+
+def _structural(config: PretrainedConfig) -> dict[str, Any]:
+    """Dropout off (the checks compare two runs), and multi-head latent attention without grouped k/v heads."""
+    values = {k: 0.0 for k, v in config.to_dict().items() if "drop" in k and isinstance(v, float) and v > 0}
+    rope = config.to_dict().get("rope_parameters") or {}
+    if rope.get("partial_rotary_factor") == 1.0:
+        # A knob whose default hides a code path (Phi-3's 1.0; Phi-4-mini ships 0.75): the partial one is checked.
+        values["rope_parameters"] = {**rope, "partial_rotary_factor": 0.5}
+    theta = rope.get("rope_theta")
+    for name, sub in vars(config).items():
+        # DBRX's attention reads attn_config.rope_theta, which transformers 5's default sub-config lacks
+        # (checkpoints carry it): give it the model's own theta.
+        if isinstance(sub, PretrainedConfig) and theta is not None and "rope_theta" not in vars(sub):
+            values[name] = {"rope_theta": theta}
+    if config.to_dict().get("kv_lora_rank") is not None:
+        values["num_key_value_heads"] = SMALL["num_attention_heads"]
+    return values
+
+
+def _scale_knobs(text: PretrainedConfig) -> dict[str, Any]:
+    """Multipliers, scales and softcaps of the config set to distinct values other than 1, so that a formula
+    that uses them is told apart from one that does not (a default of 1.0 or None hides them)."""
+    knobs: dict[str, Any] = {}
+    values = iter(KNOB_VALUES)
+    for name, value in sorted(text.to_dict().items()):
+        if not _KNOB.search(name) or isinstance(value, bool):
+            continue
+        if "softcap" in name and (value is None or isinstance(value, float)):
+            knobs[name] = SOFTCAP_VALUE
+        elif isinstance(value, float):
+            knobs[name] = next(values, 1.5)
+        elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
+            knobs[name] = [next(values, 1.5) for _ in value]
+    return knobs
+
+
+def tiny_overrides(config: PretrainedConfig, module_source: str = "") -> tuple[dict[str, Any], list[str]]:
+    """The entry's tiny_config (over testing.SMALL) and the head candidates: scalar knobs it sets."""
+    text_attr = _text_attr(config)
+    text = config.get_text_config()
+    text_values = {
+        **_aliased_small(text),
+        **_shrunk(text, EXTRA_SMALL),
+        **_per_layer_lists(text, module_source),
+        **_structural(text),
+    }
+    pad = getattr(text, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= SMALL["vocab_size"]:
+        text_values["pad_token_id"] = 0
+    if text_attr is None and getattr(config, "tie_word_embeddings", False):
+        text_values["tie_word_embeddings"] = True
+    knobs = _scale_knobs(text)
+    text_values.update(knobs)
+    candidates = [k for k, v in knobs.items() if isinstance(v, float)]
+    if text_attr is None:
+        return text_values, candidates
+    overrides: dict[str, Any] = {text_attr: text_values} if text_values else {}
+    for name, sub in vars(config).items():
+        if isinstance(sub, PretrainedConfig) and name != text_attr and (small := _shrunk(sub, SUB_SMALL)):
+            overrides[name] = small
+    return overrides, candidates
+
+
+def _base_entry(source: ModelSource, family: str, tiny: dict[str, Any], forward: str) -> FamilyEntry:
+    return FamilyEntry(
+        family=family,
+        model_types=[source.model_type],
+        module=source.module_name,
+        causal_lm=source.causal_lm.__name__,
+        forward=forward,
+        tiny_config=tiny,
+    )
+
+
+def build_tiny(entry: FamilyEntry) -> nn.Module:
+    """The entry's tiny model; refused when it cannot be built or is not tiny (towers the sizes miss)."""
+    from liger_registry.registry.targets import resolve_class
+    from liger_registry.testing import tiny_config, tiny_model
+
+    registry = single_family_registry(entry)
+    model_type = entry.model_types[0]
+    try:
+        config = tiny_config(model_type, registry)
+        with torch.device("meta"):
+            count = sum(
+                p.numel() for p in resolve_class(entry, entry.causal_lm)._from_config(config).parameters()
+            )
+        if count > MAX_PARAMETERS:
+            raise Refused(f"{count / 1e6:.0f}M parameters with small sizes (a tower the sizes miss)")
+        return tiny_model(model_type, registry=registry)
+    except Refused as exc:
+        raise Refused(f"cannot build a tiny model: {exc}") from exc
+    except Exception as exc:  # any config or constructor error is why this type is refused
+        raise Refused(f"cannot build a tiny model: {type(exc).__name__}: {first_line(exc)}") from exc
+
+
+def first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def _family_name(model_type: str) -> str:
+    name = "".join(c if c.isalnum() else "_" for c in model_type.lower())
+    return name if name[:1].isalpha() else f"m_{name}"
+
+
+def _leaf_norms(model: nn.Module) -> dict[str, Captured]:
+    found = module_classes(model, lambda cls: "Norm" in cls.__name__)
+    return {n: c for n, c in found.items() if not list(c.instances[0].children())}
+
+
+def _gated_mlps(model: nn.Module) -> dict[str, Captured]:
+    found = module_classes(model, lambda cls: not cls.__name__.endswith(("Model", "ForCausalLM", "Layer")))
+    return {n: c for n, c in found.items() if decide.is_gated_mlp_candidate(c.cls, c.instances[0])}
+
+
+def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
+    notes = []
+    for name, captured in module_classes(model, lambda cls: True).items():
+        module = captured.instances[0]
+        if "Expert" in name and any(p.dim() == 3 for p in module.parameters(recurse=False)):
+            notes.append(f"the routed experts are one fused {name} module (3-D weights): no GLU target")
+        elif name.endswith("MLP") and name not in mlps:
+            notes.append(f"{name} is not a gated MLP (no gate and up projections): no GLU kernel")
+    norms = {type(m).__name__ for m in model.modules() if type(m) in (nn.LayerNorm, nn.RMSNorm)}
+    if norms:
+        notes.append(
+            f"some norms are torch.nn.{'/'.join(sorted(norms))}, which is torch's class and is not patched"
+        )
+    return notes
+
+
+def norm_and_mlp_verdicts(
+    model: nn.Module, config: Any, run, source: ModelSource
+) -> tuple[list[decide.Verdict], list[str]]:
+    norms, mlps = _leaf_norms(model), _gated_mlps(model)
+    for captured in (*norms.values(), *mlps.values()):
+        captured.target = target_name(captured.cls, source.module)
+    capture_inputs(model, {**norms, **mlps}, run)
+    verdicts = []
+    for captured in norms.values():
+        has_bias = isinstance(getattr(captured.instances[0], "bias", None), nn.Parameter)
+        verdict = (decide.decide_layer_norm if has_bias else decide.decide_rms_norm)(captured)
+        if not has_bias and verdict.reason and "a LayerNorm" in verdict.reason:
+            verdict = decide.decide_layer_norm(
+                captured
+            )  # filed, and explained, under the kernel it resembles
+        verdicts.append(verdict)
+    verdicts += [decide.decide_glu(captured, config) for captured in mlps.values()]
+    return verdicts, _structure_notes(model, mlps)
+
+
+def rope_verdict(source: ModelSource, run) -> decide.Verdict:
+    """The drop-in replaces apply_rotary_pos_emb (HF's contract); any other rotary function is a reason."""
+    name, others = (
+        "apply_rotary_pos_emb",
+        [f for f in rotary_functions(source.module) if f != "apply_rotary_pos_emb"],
+    )
+    elsewhere = f" (the module has {', '.join(others)})" if others else ""
+    if not callable(getattr(source.module, name, None)):
+        return decide.Verdict("rope", name, reason=f"the module has no {name} to replace{elsewhere}")
+    verdict = decide.decide_rope(name, getattr(source.module, name), record_calls(source.module, name, run))
+    if verdict.reason and "is not called" in verdict.reason:
+        verdict.reason += elsewhere
+    return verdict
+
+
+def _section(verdicts: list[decide.Verdict], kernel: str, notes: list[str]) -> dict[str, Any] | None:
+    """One kernel's YAML section: the largest group of targets computing one formula, or off with the reasons."""
+    ok = [v for v in verdicts if v.kernel == kernel and v.ok]
+    bad = [v for v in verdicts if v.kernel == kernel and not v.ok]
+    groups: dict[tuple, list[decide.Verdict]] = {}
+    for verdict in ok:
+        groups.setdefault(tuple(sorted(verdict.spec.items())), []).append(verdict)
+    if groups:
+        chosen = max(groups.values(), key=len)
+        notes += [
+            f"{v.target} computes {kernel} with other options ({v.spec}); left as it is"
+            for v in ok
+            if v not in chosen
+        ]
+        notes += [f"{v.reason}; left as it is" for v in bad]
+        return {"targets": [v.target for v in chosen], **chosen[0].spec}
+    if not bad:
+        return None
+    return {"targets": [v.target for v in bad], "enabled": False, "reason": "; ".join(v.reason for v in bad)}
+
+
+def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict, notes: list[str]) -> dict[str, Any]:
+    kernels = {}
+    glu_failures = [v for v in verdicts if v.kernel == "swiglu" and not v.ok]
+    if any(v.ok and v.kernel == "geglu" for v in verdicts) and not any(
+        v.ok and v.kernel == "swiglu" for v in verdicts
+    ):
+        for verdict in glu_failures:
+            verdict.kernel = "geglu"  # report an unfit MLP under the kernel its siblings get
+    for kernel in ("rms_norm", "layer_norm", "swiglu", "geglu"):
+        if (section := _section(verdicts, kernel, notes)) is not None:
+            kernels[kernel] = section
+    if rope.ok:
+        kernels["rope"] = rope.spec
+    else:
+        kernels["rope"] = {**rope.spec, "enabled": False, "reason": rope.reason}
+    return kernels
+
+
+def draft(model_type: str, family: str | None = None) -> Draft:
+    """Inspect the installed transformers code of `model_type` and draft its entry; Refused with the reason."""
+    from liger_registry.scaffold.head import HeadRefused, decide_head
+    from liger_registry.testing import tiny_batch
+
+    try:
+        source = model_source(model_type)
+        config = AutoConfig.for_model(model_type)
+    except Exception as exc:
+        raise Refused(f"no config or causal-LM class: {type(exc).__name__}: {first_line(exc)}") from exc
+    if config.model_type != model_type:
+        raise Refused(
+            f"its config reports model_type {config.model_type!r}: an entry for that type serves it"
+        )
+    try:
+        sources = [pyinspect.getsource(source.module), pyinspect.getsource(pyinspect.getmodule(type(config)))]
+        tiny, candidates = tiny_overrides(config, "\n".join(sources))
+        text_attr = _text_attr(config)
+    except Exception as exc:  # e.g. a heterogeneous config that has no global value to read
+        raise Refused(f"cannot make the config tiny: {type(exc).__name__}: {first_line(exc)}") from exc
+    model = build_tiny(_base_entry(source, _family_name(family or model_type), tiny, "causal_lm"))
+    batch = tiny_batch(model)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    model.eval()
+
+    def run() -> Any:
+        return model(**inputs)
+
+    try:
+        verdicts, notes = norm_and_mlp_verdicts(model, model.config.get_text_config(), run, source)
+        rope = rope_verdict(source, run)
+        head = decide_head(model, source, text_attr, candidates, inputs)
+    except HeadRefused as exc:
+        raise Refused(str(exc)) from exc
+    except Refused:
+        raise
+    except Exception as exc:  # the tiny model's own forward failing is a reason to refuse, not a crash
+        raise Refused(f"the tiny model's forward raised {type(exc).__name__}: {first_line(exc)}") from exc
+    kernels = _kernels(verdicts, rope, notes)
+    entry = FamilyEntry(
+        family=_family_name(family or model_type),
+        model_types=[model_type],
+        module=source.module_name,
+        causal_lm=source.causal_lm.__name__,
+        forward=head.forward,
+        kernels=kernels,
+        head=head.head,
+        reason="; ".join(dict.fromkeys(notes)) or None,
+        tiny_config=tiny,
+    )
+    return Draft(entry, notes)
+
+
+class _EntryDumper(yaml.SafeDumper):
+    """Block mappings, flow lists of scalars ([LlamaRMSNorm]), as the hand-written family files are."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(v, (dict, list)) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_EntryDumper.add_representer(list, _represent_list)
+
+
+def entry_yaml(entry: FamilyEntry) -> str:
+    """The entry as YAML, minus every value the schema would default to."""
+    data = entry.model_dump(exclude_defaults=True)
+    data.setdefault("kernels", {})
+    return yaml.dump(data, Dumper=_EntryDumper, sort_keys=False, width=110, default_flow_style=False)

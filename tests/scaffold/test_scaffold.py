@@ -1,0 +1,122 @@
+"""The scaffold end to end: drafts that match the hand-written entries, proofs, corrections and refusals."""
+
+import importlib
+
+import pytest
+import yaml
+
+from liger_registry import cli
+from liger_registry.registry import load_registry
+from liger_registry.registry.yaml_source import load_model
+from liger_registry.scaffold import draft, entry_yaml, scaffold
+from liger_registry.scaffold.decide import Verdict
+from liger_registry.scaffold.report import format_report, reason_group, scaffold_all
+from liger_registry.schemas import FamilyEntry
+
+BUNDLED = load_registry()
+draft_module = importlib.import_module("liger_registry.scaffold.draft")  # the package re-exports draft()
+
+
+def _kernels(entry: FamilyEntry) -> dict:
+    return {
+        k: (s.enabled, sorted(s.targets) if hasattr(s, "targets") else None) for k, s in entry.kernels if s
+    }
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "granite", "phi3"])
+def test_draft_agrees_with_the_hand_written_entry(model_type):
+    """The bundled entries were written by hand before the scaffold existed: the draft makes the same choices."""
+    drafted = draft(model_type).entry
+    hand = BUNDLED.family_for(model_type).entry
+    assert _kernels(drafted) == _kernels(hand)
+    assert drafted.forward == hand.forward
+    if hand.kernels.rms_norm is not None:
+        for field in ("casting_mode", "offset", "eps_attr"):
+            assert getattr(drafted.kernels.rms_norm, field) == getattr(hand.kernels.rms_norm, field), field
+    assert (drafted.head.logit_scale_attr, drafted.head.softcap_attr) == (
+        hand.head.logit_scale_attr,
+        hand.head.softcap_attr,
+    )
+
+
+def test_partial_rotary_and_fused_gate_up_are_left_off_with_reasons():
+    entry = draft("glm4").entry
+    assert not entry.kernels.rope.enabled and "partial rotary" in entry.kernels.rope.reason
+    assert not entry.kernels.swiglu.enabled and "gate_up" in entry.kernels.swiglu.reason
+
+
+def test_scaffold_proves_the_draft_and_emits_yaml_that_round_trips(tmp_path):
+    result = scaffold("cohere")
+    assert result.ok, result.reasons
+    assert result.proof.ok and max(result.proof.parity.values().values()) < 1e-5
+    assert result.entry.head.logit_multiplier_attr == "logit_scale"  # multiplies, does not divide
+    assert not result.entry.kernels.rope.enabled and "interleaved" in result.entry.kernels.rope.reason
+    path = tmp_path / "cohere.yaml"
+    path.write_text(result.yaml())
+    assert load_model(path, FamilyEntry) == result.entry
+    assert "casting_mode: llama" not in result.yaml()  # defaults are left out
+
+
+def test_jetmoe_is_refused_for_its_router_loss_names():
+    result = scaffold("jetmoe")
+    assert not result.ok and result.entry is None
+    assert "aux_loss_coef" in result.reasons[0] and "router_aux_loss_coef" in result.reasons[0]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "words"), [("no_such_type", "no config"), ("gpt-sw3", "reports model_type")]
+)
+def test_types_it_cannot_serve_are_refused(model_type, words):
+    result = scaffold(model_type)
+    assert not result.ok and words in result.reasons[0]
+
+
+def test_a_wrong_decision_is_caught_by_the_proof_and_turned_off(monkeypatch):
+    """GLM-4's rope decided (wrongly) as rotate_half: the parity fails, and the proof turns rope off."""
+
+    def wrong_rope(source, run):
+        return Verdict("rope", "apply_rotary_pos_emb")
+
+    monkeypatch.setattr(draft_module, "rope_verdict", wrong_rope)
+    result = scaffold("glm4")
+    assert result.ok, result.reasons
+    assert [c.split(":")[0] for c in result.corrections] == ["rope off"]
+    assert not result.entry.kernels.rope.enabled and "proof failed" in result.entry.kernels.rope.reason
+
+
+def test_cli_prints_writes_and_refuses(tmp_path, capsys):
+    assert cli.main(["scaffold", "qwen3", "--write", str(tmp_path)]) == 0
+    entry = load_model(tmp_path / "qwen3.yaml", FamilyEntry)
+    assert entry.kernels.swiglu.enabled and entry.kernels.rope.enabled
+    assert "proven" in capsys.readouterr().err
+    assert cli.main(["scaffold", "jetmoe"]) == 1
+    assert "refused" in capsys.readouterr().err
+    assert cli.main(["scaffold"]) == 2
+
+
+def test_report_counts_and_groups():
+    results = scaffold_all(["qwen2", "jetmoe", "gpt-sw3"])
+    report = format_report(results, 1.0)
+    assert "3 causal-LM model types, 1 drafted and proven" in report and "2 refused" in report
+    assert "router aux loss" in report
+    assert reason_group("the tiny model's forward raised IndexError: list index 3 out of range") == (
+        "the tiny model's forward raised IndexError"
+    )
+
+
+def test_emitted_yaml_of_the_bundled_entries_round_trips():
+    for name in ("gemma", "falcon_h1", "mllama"):
+        entry = BUNDLED.family(name).entry
+        assert FamilyEntry.model_validate(yaml.safe_load(entry_yaml(entry))) == entry
+
+
+def test_default_configs_that_hide_a_code_path_are_changed():
+    """Defaults that leave a path unbuilt: Phi-3's full rotary (Phi-4-mini rotates 0.75), LFM2's attention-only
+    layers (checkpoints interleave short convolutions) and Granite 4's all-Mamba hybrid."""
+    assert draft("phi3").entry.tiny_config["rope_parameters"]["partial_rotary_factor"] == 0.5
+    lfm2 = draft("lfm2").entry.tiny_config
+    assert (lfm2["layer_types"], lfm2["full_attn_idxs"]) == (["conv", "full_attention"], [1])
+    assert draft("granitemoehybrid").entry.tiny_config["layer_types"] == [
+        "linear_attention",
+        "full_attention",
+    ]
