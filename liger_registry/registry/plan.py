@@ -48,7 +48,7 @@ def maker(kind: KernelKind) -> Any:
 
 def _activation_problem(kind: KernelKind, spec: Any, config: Any) -> str | None:
     """The config's activation, read through the spec's act_config_attr, must be one the kernel computes."""
-    if not kind.activations or config is None:
+    if not kind.activations or config is None or spec.act_config_attr is None:
         return None
     names = [spec.act_config_attr] if isinstance(spec.act_config_attr, str) else spec.act_config_attr
     attr = next((n for n in names if getattr(config, n, None) is not None), None)

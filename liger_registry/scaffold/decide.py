@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from liger_registry.kernels.reference import geglu_torch, rms_norm_torch, swiglu_torch
-from liger_registry.modules.glu import ACTIVATIONS
+from liger_registry.kernels.torch_impl import geglu_torch, rms_norm_torch, swiglu_torch
 from liger_registry.modules.rope import apply_rotary_pos_emb as rope_dropin
 from liger_registry.scaffold.inspect import Captured
+from liger_registry.schemas import KINDS
 
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 GLU_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("gate", "up", "down"))
@@ -217,11 +217,11 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     verdict.kernel = found.pop()
     act_attr = next((a for a in ACT_CONFIG_ATTRS if getattr(config, a, None)), None)
     # No activation in the config: the class hard-codes it, and the numbers above said which.
-    if act_attr is not None and getattr(config, act_attr) not in ACTIVATIONS[verdict.kernel]:
+    if act_attr is not None and getattr(config, act_attr) not in KINDS[verdict.kernel].activations:
         act = getattr(config, act_attr, None) if act_attr else None
         verdict.reason = (
             f"{name} computes {verdict.kernel} but the config's activation ({act_attr}={act!r}) is not one the "
-            f"applier accepts for it ({', '.join(ACTIVATIONS[verdict.kernel])})"
+            f"applier accepts for it ({', '.join(KINDS[verdict.kernel].activations)})"
         )
         return verdict
     spec = dict(zip(("gate", "up", "down"), names, strict=True))

@@ -134,7 +134,7 @@ def prove(entry: FamilyEntry) -> Proof:
         except RegistryError as exc:
             return Proof([str(exc), *(exc.problems or [])], None)
         try:
-            findings = [f.message for f in lint(deep=True, registry=registry)]
+            findings = [f.message for f in lint(deep=True, registry=registry) if f.severity == "error"]
         except Exception as exc:  # noqa: BLE001 - the lint itself failing on the entry is a finding too
             findings = [f"lint --deep raised {type(exc).__name__}: {first_line(exc)}"]
         if findings:

@@ -72,10 +72,11 @@ class GluSpec(ModuleKernelSpec):
     gate: str = Field(default(GLU + "gate"), description="Attribute of the MLP holding the gate projection.")
     up: str = Field(default(GLU + "up"), description="Attribute of the MLP holding the up projection.")
     down: str = Field(default(GLU + "down"), description="Attribute of the MLP holding the down projection.")
-    act_config_attr: str | list[str] = Field(
+    act_config_attr: str | list[str] | None = Field(
         default(GLU + "act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
-        "the plan checks it against the kernel's activation, and a config without it is an error.",
+        "the plan checks it against the kernel's activation, and a config without it is an error. null: the MLP "
+        "hard-codes the kernel's activation (no config attribute to check; say so in `reason`).",
     )
 
 
