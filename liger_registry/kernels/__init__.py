@@ -53,6 +53,12 @@ register(Op("rope", torch_impl=torch_impl.rope_torch, triton_impl=rope_triton))
 register(Op("swiglu", torch_impl=torch_impl.swiglu_torch, triton_impl=swiglu_triton))
 register(Op("geglu", torch_impl=torch_impl.geglu_torch, triton_impl=geglu_triton))
 
+# the issue-12 variants register their ops on import (rope_variant, glu_fused, swiglu_clamped, relu_squared,
+# add_rms_norm), so decide_backend and explain know them
+from . import add_rms_norm as _add_rms_norm  # noqa: E402, F401
+from . import glu_variants as _glu_variants  # noqa: E402, F401
+from . import rope_variants as _rope_variants  # noqa: E402, F401
+
 
 def cross_entropy(
     logits: torch.Tensor,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .op import Op, register
 from .torch_impl import rms_norm_torch
-from .variant_backend import variant_backend
 
 try:
     from . import triton_add_rms_norm as _tk
@@ -52,6 +52,15 @@ class AddRMSNormFunction(torch.autograd.Function):
         return d.to(ctx.dtypes[0]), d.to(ctx.dtypes[1]), dw, None, None, None
 
 
+def add_rms_norm_triton(x, residual, weight, eps: float, offset: float = 0.0, casting_mode: str = "llama"):
+    return AddRMSNormFunction.apply(x, residual, weight, float(eps), float(offset), casting_mode)
+
+
+ADD_RMS_NORM = register(
+    Op("add_rms_norm", torch_impl=add_rms_norm_torch, triton_impl=add_rms_norm_triton if _tk else None)
+)
+
+
 def add_rms_norm(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -69,6 +78,4 @@ def add_rms_norm(
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
     if weight.shape != (x.shape[-1],):
         raise ValueError(f"add_rms_norm: weight must be [{x.shape[-1]}], got {tuple(weight.shape)}")
-    if variant_backend("add_rms_norm", x, residual, weight) == "triton":
-        return AddRMSNormFunction.apply(x, residual, weight, float(eps), float(offset), casting_mode)
-    return add_rms_norm_torch(x, residual, weight, eps, offset, casting_mode)
+    return ADD_RMS_NORM(x, residual, weight, eps, offset, casting_mode)

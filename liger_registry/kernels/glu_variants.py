@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .variant_backend import variant_backend
+from .op import Op, register
 
 try:
     from . import triton_glu_variants as _tk
@@ -81,27 +81,40 @@ class ReluSquaredFunction(torch.autograd.Function):
         return _tk.relu_squared_apply(x, dy)
 
 
+def glu_fused_triton(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:
+    return GateUpFunction.apply(gate_up, kind, 0.0, 0.0)
+
+
+def swiglu_clamped_triton(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    return GateUpFunction.apply(gate_up, "clamped_swiglu", float(limit), float(alpha))
+
+
+GLU_FUSED = register(
+    Op("glu_fused", torch_impl=glu_fused_torch, triton_impl=glu_fused_triton if _tk else None)
+)
+SWIGLU_CLAMPED = register(
+    Op("swiglu_clamped", torch_impl=swiglu_clamped_torch, triton_impl=swiglu_clamped_triton if _tk else None)
+)
+RELU_SQUARED = register(
+    Op("relu_squared", torch_impl=relu_squared_torch, triton_impl=ReluSquaredFunction.apply if _tk else None)
+)
+
+
 def glu_fused(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:
     """``up * act(gate)`` with ``gate, up = gate_up.chunk(2, -1)``; kind ``swiglu`` (silu) or ``geglu``
     (tanh gelu). Result ``[..., I]`` for gate_up ``[..., 2I]``."""
     if kind not in GLU_KINDS:
         raise ValueError(f"glu_fused: kind={kind!r}; expected one of {', '.join(GLU_KINDS)}")
     _check_gate_up(gate_up, "glu_fused")
-    if variant_backend("glu_fused", gate_up) == "triton":
-        return GateUpFunction.apply(gate_up, kind, 0.0, 0.0)
-    return glu_fused_torch(gate_up, kind)
+    return GLU_FUSED(gate_up, kind)
 
 
 def swiglu_clamped(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
     """GPT-OSS's clamped SwiGLU over interleaved (gate, up) pairs of gate_up ``[..., 2I]``; result ``[..., I]``."""
     _check_gate_up(gate_up, "swiglu_clamped")
-    if variant_backend("swiglu_clamped", gate_up) == "triton":
-        return GateUpFunction.apply(gate_up, "clamped_swiglu", float(limit), float(alpha))
-    return swiglu_clamped_torch(gate_up, limit, alpha)
+    return SWIGLU_CLAMPED(gate_up, limit, alpha)
 
 
 def relu_squared(x: torch.Tensor) -> torch.Tensor:
     """``relu(x) ** 2`` (nemotron's ``relu2``)."""
-    if variant_backend("relu_squared", x) == "triton":
-        return ReluSquaredFunction.apply(x)
-    return relu_squared_torch(x)
+    return RELU_SQUARED(x)

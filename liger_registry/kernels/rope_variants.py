@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .variant_backend import variant_backend
+from .op import Op, register
 
 try:
     from . import triton_rope_variants as _tk
@@ -127,6 +127,15 @@ class RopeVariantFunction(torch.autograd.Function):
         return gq, gk, None, None, None, None, None
 
 
+def rope_variant_triton(q, k, cos, sin, interleaved=False, cos_per_pair=False, upcast=False):
+    return RopeVariantFunction.apply(q, k, cos, sin, interleaved, cos_per_pair, upcast)
+
+
+ROPE_VARIANT = register(
+    Op("rope_variant", torch_impl=rope_variant_torch, triton_impl=rope_variant_triton if _tk else None)
+)
+
+
 def rope_variant(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -141,6 +150,4 @@ def rope_variant(
     [batch, seq, heads, head_dim] view) by cos/sin [batch or 1, seq, C], in one of the layouts of the module
     docstring. Returns ``(q_out, k_out)``."""
     check_variant_shapes(q, k, cos, sin, cos_per_pair)
-    if variant_backend("rope_variant", q, k, cos, sin) == "triton":
-        return RopeVariantFunction.apply(q, k, cos, sin, interleaved, cos_per_pair, upcast)
-    return rope_variant_torch(q, k, cos, sin, interleaved, cos_per_pair, upcast)
+    return ROPE_VARIANT(q, k, cos, sin, interleaved, cos_per_pair, upcast)

@@ -36,3 +36,23 @@ def gpt_oss_apply_gate(self, gate_up):
 def relu_squared_forward(self, input):
     """``ReLUSquaredActivation.forward`` (``ACT2FN["relu2"]``, nemotron's MLP activation)."""
     return relu_squared(input)
+
+
+def swiglu_gate_up_forward(spec):
+    """The swiglu kind's maker when the spec names a fused ``gate_up``."""
+    return gate_up_mlp_forward("swiglu", spec.gate_up, spec.down)
+
+
+def geglu_gate_up_forward(spec):
+    """The geglu kind's maker when the spec names a fused ``gate_up``."""
+    return gate_up_mlp_forward("geglu", spec.gate_up, spec.down)
+
+
+def relu_squared_module_forward(spec):
+    """The relu_squared kind's maker: every target is an activation module, nothing to read from the spec."""
+    return relu_squared_forward
+
+
+def clamped_apply_gate(spec):
+    """The swiglu_clamped kind's maker: GPT-OSS's experts' ``_apply_gate`` (limit and alpha from the module)."""
+    return gpt_oss_apply_gate

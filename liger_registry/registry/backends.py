@@ -25,7 +25,7 @@ class BackendChoice:
 def kernel_ops(entry: FamilyEntry) -> dict[str, str]:
     """Installed kernel -> kernel op name: each enabled kind, and the forward's FLCE when it fuses."""
     ops = {
-        name: kind.op
+        name: kind.op_for(spec)
         for name, kind in KINDS.items()
         if (spec := getattr(entry.kernels, name)) and spec.enabled
     }

@@ -39,10 +39,14 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
+def maker(kind: KernelKind, spec: Any) -> Any:
+    """The module forward maker (or drop-in function) the spec picks of its kind, imported on first use."""
+    return _imported(kind.maker_for(spec))
+
+
 @cache
-def maker(kind: KernelKind) -> Any:
-    """The kind's module forward maker (or drop-in function), imported on first use."""
-    module, _, attr = kind.maker.partition(":")
+def _imported(path: str) -> Any:
+    module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
@@ -70,17 +74,20 @@ def _module_kernel(
     if problem := _activation_problem(kind, spec, config):
         plan.problems.append(problem)
         return
-    forward = maker(kind)(spec)
+    if lacking := [c.__name__ for c in classes if not callable(getattr(c, kind.method, None))]:
+        plan.problems.append(f"{kind.name}: {', '.join(lacking)} has no method {kind.method}")
+        return
+    forward = maker(kind, spec)(spec)
     if model is None:
         plan.replacements += [
-            Planned(kind.name, "class", c, "forward", forward, c.__qualname__) for c in classes
+            Planned(kind.name, "class", c, kind.method, forward, c.__qualname__) for c in classes
         ]
         return
     matched = [(name, m) for name, m in model.named_modules() if isinstance(m, classes)]
     if not matched:
         plan.problems.append(f"{kind.name}: no module of class {', '.join(spec.targets)} in the model")
     for name, module in matched:
-        missing = [a for a in (getattr(spec, f) for f in kind.attributes) if not hasattr(module, a)]
+        missing = [a for a in spec.module_attributes(kind.attributes) if not hasattr(module, a)]
         if missing:
             plan.problems.append(
                 f"{kind.name}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}"
@@ -88,7 +95,12 @@ def _module_kernel(
             continue
         plan.replacements.append(
             Planned(
-                kind.name, "instance", module, "forward", types.MethodType(forward, module), name or "(root)"
+                kind.name,
+                "instance",
+                module,
+                kind.method,
+                types.MethodType(forward, module),
+                name or "(root)",
             )
         )
 
@@ -96,7 +108,7 @@ def _module_kernel(
 def _function_kernel(plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry) -> None:
     module, attr = resolve_name(entry, kind.function_name(spec))
     plan.replacements.append(
-        Planned(kind.name, "module", module, attr, maker(kind), f"{module.__name__}.{attr}")
+        Planned(kind.name, "module", module, attr, maker(kind, spec), f"{module.__name__}.{attr}")
     )
 
 

@@ -17,6 +17,7 @@ from liger_registry.schemas.kernels import (
     GluSpec,
     KernelSpec,
     LayerNormSpec,
+    ModuleKernelSpec,
     RmsNormSpec,
     RopeSpec,
 )
@@ -36,6 +37,8 @@ class KernelKind:
     values name attributes every target module must have. `patchable`: spec fields a policy may change
     (besides `enabled` and `reason`). `function_module`: where a module-function kind's function lives when
     it is not in the family's module. `activations`: for gated MLPs, the config activations the kernel computes.
+    `method`: the method of the target classes a module-forward kind replaces. `variants`: ``(variant, maker,
+    op)`` for each option value that installs another maker on another op (the spec's ``variant`` names it).
     """
 
     name: str
@@ -49,6 +52,8 @@ class KernelKind:
     patchable: tuple[str, ...] = ()
     function_module: str | None = None
     activations: tuple[str, ...] = ()
+    method: str = "forward"
+    variants: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for attr in ("op", "liger_key"):
@@ -58,6 +63,20 @@ class KernelKind:
     @property
     def module_forward(self) -> bool:
         return self.scope == "module forward"
+
+    def _variant(self, spec: Any) -> tuple[str, str]:
+        for variant, maker, op in self.variants:
+            if spec.variant == variant:
+                return maker, op
+        return self.maker, self.op
+
+    def maker_for(self, spec: Any) -> str:
+        """The maker (or drop-in) the spec's options pick: a variant's, else the kind's own."""
+        return self._variant(spec)[0]
+
+    def op_for(self, spec: Any) -> str:
+        """The kernel op the spec's options run on."""
+        return self._variant(spec)[1]
 
     def function_name(self, spec: Any) -> str:
         """What a module-function kind replaces: a name in the family's module, or in the kind's own module."""
@@ -83,33 +102,76 @@ KINDS: dict[str, KernelKind] = {
             RopeSpec,
             "module function",
             "liger_registry.modules.rope:apply_rotary_pos_emb",
-            "Fused rotary embedding of q and k together.",
+            "Fused rotary embedding of q and k together, in the layout of the family's function.",
+            variants=(
+                (
+                    "partial",
+                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_partial",
+                    "rope_variant",
+                ),
+                (
+                    "interleaved",
+                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_interleaved",
+                    "rope_variant",
+                ),
+                (
+                    "half_split",
+                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_half_split",
+                    "rope_variant",
+                ),
+                ("complex", "liger_registry.modules.rope_variants:apply_rotary_emb", "rope_variant"),
+            ),
         ),
         KernelKind(
             "swiglu",
             GluSpec,
             "module forward",
             "liger_registry.modules.glu:swiglu_forward",
-            "Fused silu(gate) * up in the listed MLP classes.",
+            "Fused silu(gate) * up in the listed MLP classes (gate and up read in place from a fused gate_up).",
             attributes=("gate", "up", "down"),
             activations=("silu", "swish"),
+            variants=(
+                ("gate_up", "liger_registry.modules.glu_variants:swiglu_gate_up_forward", "glu_fused"),
+            ),
         ),
         KernelKind(
             "geglu",
             GluSpec,
             "module forward",
             "liger_registry.modules.glu:geglu_forward",
-            "Fused gelu_tanh(gate) * up in the listed MLP classes.",
+            "Fused gelu_tanh(gate) * up in the listed MLP classes (gate and up read in place from a fused gate_up).",
             attributes=("gate", "up", "down"),
             activations=("gelu_pytorch_tanh", "gelu_tanh"),
+            variants=(("gate_up", "liger_registry.modules.glu_variants:geglu_gate_up_forward", "glu_fused"),),
         ),
         KernelKind(
             "layer_norm",
             LayerNormSpec,
             "module forward",
             "liger_registry.modules.layer_norm:layer_norm_forward",
-            "Fused LayerNorm on the listed classes.",
+            "Fused LayerNorm on the listed classes (offset 1: LayerNorm1P).",
             attributes=("eps_attr",),
+            variants=(
+                ("1p", "liger_registry.modules.norm_variants:layer_norm_1p_module_forward", "layer_norm"),
+            ),
+        ),
+        KernelKind(
+            "relu_squared",
+            ModuleKernelSpec,
+            "module forward",
+            "liger_registry.modules.glu_variants:relu_squared_module_forward",
+            "Fused relu(x) ** 2 on the listed activation modules (ACT2FN['relu2']).",
+            liger_key=None,
+        ),
+        KernelKind(
+            "swiglu_clamped",
+            ModuleKernelSpec,
+            "module forward",
+            "liger_registry.modules.glu_variants:clamped_apply_gate",
+            "GPT-OSS's clamped SwiGLU over interleaved gate/up pairs, in the experts' _apply_gate.",
+            liger_key=None,
+            attributes=(),
+            method="_apply_gate",
         ),
         KernelKind(
             "cross_entropy",

@@ -5,12 +5,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default
 
 CastingMode = Literal["llama", "gemma", "none"]
+# How a family's rotary function pairs and rotates the channels; each layout has its own drop-in (kernel_kinds).
+RopeLayout = Literal["rotate_half", "partial", "interleaved", "half_split", "complex"]
 # Sections of registry/defaults.yaml the specs read their defaults from.
 RMS_NORM, ROPE, GLU, LAYER_NORM, CROSS_ENTROPY = (
     f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "cross_entropy")
@@ -37,6 +39,11 @@ class KernelSpec(StrictModel):
         None, description="Why the kernel is off, or why its tolerance differs; printed by show and explain."
     )
 
+    @property
+    def variant(self) -> str:
+        """Which of its kind's variants this spec asks for ("" = the kind's own kernel)."""
+        return ""
+
 
 class ModuleKernelSpec(KernelSpec):
     """A kernel that replaces the forward of module classes."""
@@ -46,6 +53,10 @@ class ModuleKernelSpec(KernelSpec):
     )
 
     _check_targets = field_validator("targets")(check_targets)
+
+    def module_attributes(self, fields: tuple[str, ...]) -> list[str]:
+        """The attribute names (values of these spec fields) every target module must have."""
+        return [name for name in (getattr(self, f) for f in fields) if name is not None]
 
 
 class RmsNormSpec(ModuleKernelSpec):
@@ -72,6 +83,11 @@ class GluSpec(ModuleKernelSpec):
     gate: str = Field(default(GLU + "gate"), description="Attribute of the MLP holding the gate projection.")
     up: str = Field(default(GLU + "up"), description="Attribute of the MLP holding the up projection.")
     down: str = Field(default(GLU + "down"), description="Attribute of the MLP holding the down projection.")
+    gate_up: str | None = Field(
+        default(GLU + "gate_up"),
+        description="Attribute holding one fused gate-and-up projection split by chunk(2) (gate first), as in "
+        "Phi3MLP and Glm4MLP; set, it replaces gate and up, and the kernel reads both halves in place.",
+    )
     act_config_attr: str | list[str] | None = Field(
         default(GLU + "act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
@@ -79,19 +95,55 @@ class GluSpec(ModuleKernelSpec):
         "hard-codes the kernel's activation (no config attribute to check; say so in `reason`).",
     )
 
+    @model_validator(mode="after")
+    def _gate_up_replaces_gate_and_up(self):
+        if self.gate_up is not None and (self.gate, self.up) != (default(GLU + "gate"), default(GLU + "up")):
+            raise ValueError(f"gate_up {self.gate_up!r} replaces gate and up: set one or the other")
+        return self
+
+    @property
+    def variant(self) -> str:
+        return "gate_up" if self.gate_up is not None else ""
+
+    def module_attributes(self, fields: tuple[str, ...]) -> list[str]:
+        if self.gate_up is None:
+            return super().module_attributes(fields)
+        return [self.gate_up, self.down]
+
 
 class LayerNormSpec(ModuleKernelSpec):
-    """LayerNorm with weight and bias."""
+    """LayerNorm with weight and bias: y = (x - mean) / std * (offset + weight) + bias."""
 
     eps_attr: str = Field(
         default(LAYER_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
     )
+    offset: Literal[0.0, 1.0] = Field(
+        default(LAYER_NORM + "offset"),
+        description="1.0: LayerNorm1P (nemotron), weight + 1 formed in the weight's dtype and the inputs cast "
+        "as NemotronLayerNorm1P casts them under autocast.",
+    )
+
+    @property
+    def variant(self) -> str:
+        return "1p" if self.offset else ""
 
 
 class RopeSpec(KernelSpec):
     """Rotary embedding: a module-level function, so it can only be patched module-wide."""
 
     function: str = Field(default(ROPE + "function"), description="Function name in the family's module.")
+    layout: RopeLayout = Field(
+        default(ROPE + "layout"),
+        description="rotate_half: HF's rotate_half over the whole head, results in q's and k's dtypes; "
+        "partial: rotate_half on the first cos.shape[-1] channels, the rest passed through (phi3, nemotron, "
+        "qwen3_next, qwen3_5); interleaved: pairs (2j, 2j+1) on the first cos.shape[-1] channels (glm4); "
+        "half_split: GPT-OSS's halves with one cos per pair; complex: llama4's apply_rotary_emb(xq, xk, "
+        "freqs_cis).",
+    )
+
+    @property
+    def variant(self) -> str:
+        return "" if self.layout == "rotate_half" else self.layout
 
 
 class CrossEntropySpec(KernelSpec):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from liger_registry import kernels as K
+from liger_registry.kernels.variant_backend import VARIANT_OPS
 
 
 def test_auto_on_cpu_is_torch(monkeypatch):
@@ -73,6 +74,7 @@ def test_decide_backend_without_tensors(monkeypatch):
         "cross_entropy",
         "fused_linear_cross_entropy",
         "fused_linear_jsd",
+        *VARIANT_OPS,
     )
     for name in names:
         assert K.decide_backend(name, "cuda", torch.bfloat16) == ("triton", [])

@@ -19,7 +19,12 @@ def test_explain_on_cpu_shows_torch_with_reasons(capsys):
     assert "torch" in rows["rms_norm"] and "cpu" in rows["rms_norm"]
     assert "fused_linear_cross_entropy" in rows["forward"]
     choices = liger_registry.explain("gpt_oss", device="cpu").backends()
-    assert [c.kernel for c in choices] == ["rms_norm", "forward"]  # gpt_oss keeps rope off
+    assert [(c.kernel, c.op) for c in choices] == [  # a kind's options pick its op
+        ("rms_norm", "rms_norm"),
+        ("rope", "rope_variant"),
+        ("swiglu_clamped", "swiglu_clamped"),
+        ("forward", "fused_linear_cross_entropy"),
+    ]
     assert all(c.backend == "torch" and c.reasons for c in choices)
 
 
