@@ -90,7 +90,8 @@ def _lint(args) -> int:
 def _kernels(entry: FamilyEntry) -> tuple[str, str]:
     on = [k for k, s in entry.kernels if s is not None and s.enabled]
     off = [k for k, s in entry.kernels if s is not None and not s.enabled]
-    (on if entry.flce.enabled else off).append("flce")
+    if entry.head is not None:  # a bare decoder (head: null) has no head to fuse
+        (on if entry.flce.enabled else off).append("flce")
     return ", ".join(on), ", ".join(off) or "-"
 
 
