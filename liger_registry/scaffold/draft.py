@@ -122,29 +122,24 @@ def _aliased_small(config: PretrainedConfig) -> dict[str, Any]:
     return {aliases[k]: v for k, v in SMALL.items() if k in aliases and aliases[k] in known}
 
 
-# `"full_attention" if i in self.full_attn_idxs else "conv"`, as a configuration derives its layer types.
-_KIND_CHOICE = re.compile(r"[\"'](\w+)[\"']\s+if\s+[^\n]*?\s+else\s+[\"'](\w+)[\"']")
-_KIND_TEST = re.compile(r"layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']")
+# `self.layer_types = ["full_attention" if i in self.full_attn_idxs else "conv" for ...]` (a configuration), and
+# `config.layer_types[layer_idx] != "conv"` (a modeling module).
+_KIND_CHOICE = re.compile(r"(?<!\w)layer_types\s*=\s*\[\s*[\"'](\w+)[\"']\s+if\s+[^\n]*?\s+else\s+[\"'](\w+)[\"']")
+_KIND_TEST = re.compile(r"(?<!\w)layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']")
 
 
-def _other_layer_kind(kinds: set[str], module_source: str) -> str | None:
-    """A layer kind the modeling code tests for that the default config does not use (LFM2 defaults to attention
-    layers only; checkpoints interleave "conv" layers), else a full-attention layer for an all-linear hybrid."""
-    # Only another kind of block (a convolution, a recurrence), not another attention mask: a sliding layer
-    # needs a window the default may leave unset.
-    paired = [
-        k
-        for pair in _KIND_CHOICE.findall(module_source)
-        if kinds & set(pair)
-        for k in pair
-        if "attention" not in k
-    ]
-    tested = [k for k in [*_KIND_TEST.findall(module_source), *paired] if k not in kinds]
-    if tested:
-        return tested[0]
-    # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers raises in
-    # get_seq_length), and the attention path would go unchecked.
-    return "full_attention" if kinds == {"linear_attention"} else None
+def _other_layer_kind(kinds: set[str], source: str) -> str | None:
+    """Another kind of block (a convolution, a recurrence) that the code builds and the default config does not
+    use (LFM2 defaults to attention layers only; checkpoints interleave "conv" layers). Never another attention
+    mask: a sliding layer needs a window the default may leave unset."""
+    found = [k for pair in _KIND_CHOICE.findall(source) if kinds & set(pair) for k in pair]
+    found += _KIND_TEST.findall(source)
+    other = next((k for k in found if k not in kinds and "attention" not in k), None)
+    if other is None and kinds == {"linear_attention"}:
+        # A hybrid whose default has no attention layer: its cache cannot serve the model (transformers raises
+        # in get_seq_length), and the attention path would go unchecked.
+        return "full_attention"
+    return other
 
 
 def _per_layer_lists(config: PretrainedConfig, module_source: str = "") -> dict[str, list]:

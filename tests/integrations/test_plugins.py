@@ -16,13 +16,13 @@ from liger_registry.testing import tiny_batch, tiny_model
 
 FAMILY = """\
 family: {family}
-model_types: [helium]
-module: transformers.models.helium.modeling_helium
-causal_lm: HeliumForCausalLM
+model_types: [diffllama]
+module: transformers.models.diffllama.modeling_diffllama
+causal_lm: DiffLlamaForCausalLM
 forward: {forward}
 kernels:
-  rms_norm: {{targets: [HeliumRMSNorm], casting_mode: llama, offset: 0.0}}
-  swiglu: {{targets: [HeliumMLP]}}
+  rms_norm: {{targets: [DiffLlamaRMSNorm], casting_mode: llama, offset: 0.0}}
+  swiglu: {{targets: [DiffLlamaMLP]}}
 """
 
 PLUGIN = '''\
@@ -56,11 +56,11 @@ def install_plugin(root, monkeypatch, name="liger_demo_plugin"):
     package = root / name
     (package / "families").mkdir(parents=True)
     (package / "__init__.py").write_text(PLUGIN)
-    (package / "families" / "helium.yaml").write_text(FAMILY.format(family="helium", forward="counting_causal_lm"))
+    (package / "families" / "diffllama.yaml").write_text(FAMILY.format(family="diffllama", forward="counting_causal_lm"))
     info = root / f"{name}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nhelium = {name}:families\n")
+    (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\ndiffllama = {name}:families\n")
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.delitem(sys.modules, name, raising=False)
     return name
@@ -70,8 +70,8 @@ def test_entry_point_plugin_adds_a_family_and_its_forward(tmp_path, monkeypatch,
     name = install_plugin(tmp_path, monkeypatch)
     assert any(p.value == f"{name}:families" for p in metadata.entry_points(group=ENTRY_POINT_GROUP))
     registry = L.load_registry()
-    assert registry.family_for("helium").path == tmp_path / name / "families" / "helium.yaml"
-    model = tiny_model("helium", registry=registry)
+    assert registry.family_for("diffllama").path == tmp_path / name / "families" / "diffllama.yaml"
+    model = tiny_model("diffllama", registry=registry)
     batch = tiny_batch(model)
     reference = model(**batch).loss
     model.train()
@@ -94,14 +94,14 @@ def test_a_plugin_policy_is_labelled_with_its_plugin(tmp_path, monkeypatch, clea
 def test_env_path_and_load_registry_dirs_add_families(tmp_path, monkeypatch):
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir(), second.mkdir()
-    (first / "helium.yaml").write_text(FAMILY.format(family="helium", forward="causal_lm"))
-    (second / "policy.yaml").write_text("policy: big_chunks\napplies_to: [helium]\nreason: fewer chunks\nflce: {chunk_mem_const: 4}\n")
+    (first / "diffllama.yaml").write_text(FAMILY.format(family="diffllama", forward="causal_lm"))
+    (second / "policy.yaml").write_text("policy: big_chunks\napplies_to: [diffllama]\nreason: fewer chunks\nflce: {chunk_mem_const: 4}\n")
     monkeypatch.setenv(PATH_VARIABLE, f"{first}{__import__('os').pathsep}{second}")
     registry = L.load_registry()
-    assert "helium" in registry.families and [p.policy.policy for p in registry.policies_for("helium")] == ["big_chunks"]
+    assert "diffllama" in registry.families and [p.policy.policy for p in registry.policies_for("diffllama")] == ["big_chunks"]
     monkeypatch.delenv(PATH_VARIABLE)
-    assert "helium" not in L.load_registry().families
-    assert L.load_registry(first).family_for("helium").entry.family == "helium"
+    assert "diffllama" not in L.load_registry().families
+    assert L.load_registry(first).family_for("diffllama").entry.family == "diffllama"
 
 
 SIDE_EFFECT = "import pathlib; pathlib.Path(__file__).with_name('IMPORTED').write_text('yes')\nsystem = print\n"
@@ -125,9 +125,9 @@ def test_yaml_cannot_make_us_import_code(tmp_path, monkeypatch, field, value, me
     (package / "__init__.py").write_text(SIDE_EFFECT)
     (package / "mod.py").write_text(SIDE_EFFECT)
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = FAMILY.format(family="helium", forward="causal_lm")
+    text = FAMILY.format(family="diffllama", forward="causal_lm")
     if field == "targets":
-        text = text.replace("[HeliumMLP]", f"['{value}']")
+        text = text.replace("[DiffLlamaMLP]", f"['{value}']")
     elif field == "rope":
         text += f"  rope: {{function: '{value}'}}\n"
     else:

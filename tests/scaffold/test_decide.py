@@ -150,3 +150,16 @@ def test_logit_roles_tell_divide_multiply_and_softcap_apart():
         "softcap_attr": "final_logit_softcapping",
     }
     assert decide.decide_logit_roles(raw, raw + 1.0, config, names) is None
+
+
+def test_another_layer_kind_only_for_another_kind_of_block():
+    from liger_registry.scaffold.draft import _other_layer_kind
+
+    lfm2_config = (
+        'self.layer_types = [\n    "full_attention" if i in self.full_attn_idxs else "conv" for i in r\n]'
+    )
+    assert _other_layer_kind({"full_attention"}, lfm2_config) == "conv"
+    assert _other_layer_kind({"full_attention"}, 'if config.layer_types[i] != "conv":') == "conv"
+    assert _other_layer_kind({"full_attention"}, 'if config.layer_types[i] == "sliding_attention":') is None
+    assert _other_layer_kind({"full_attention"}, 'config.mlp_layer_types[i] == "sparse"') is None
+    assert _other_layer_kind({"linear_attention"}, "") == "full_attention"
