@@ -31,8 +31,8 @@ def test_every_bad_key_and_value_is_reported_at_once():
 
 def test_off_for_a_kernel_the_family_lacks_is_fine_on_is_a_warning():
     assert overrides_from_liger_kernel_config({"geglu": False, "layer_norm": False}, "llama") == {}
-    with pytest.warns(UserWarning, match="rope=True: family 'gpt_oss' does not install it: GPT-OSS rotates"):
-        assert overrides_from_liger_kernel_config({"rope": True}, "gpt_oss") == {}
+    with pytest.warns(UserWarning, match="swiglu=True: family 'falcon_h1' does not install it: FalconH1"):
+        assert overrides_from_liger_kernel_config({"swiglu": True}, "falcon_h1") == {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        overrides_from_liger_kernel_config({"rms_norm": True}, "gpt_oss")
+        overrides_from_liger_kernel_config({"rms_norm": True, "rope": True}, "gpt_oss")

@@ -102,3 +102,13 @@ def test_a_target_without_the_kinds_method_is_a_problem(tmp_path):
     registry = load_registry(tmp_path)
     plan = make_plan(resolve(registry, registry.family("mini")), None)
     assert "swiglu_clamped: LlamaMLP has no method _apply_gate" in plan.problems
+
+
+def test_every_variant_maker_imports_and_its_op_is_registered():
+    from liger_registry import kernels
+    from liger_registry.registry.plan import _imported
+
+    for kind in KINDS.values():
+        for variant, path, op in (("", kind.maker, kind.op), *kind.variants):
+            assert callable(_imported(path)), (kind.name, variant)
+            assert op in kernels.OPS, (kind.name, variant, op)
