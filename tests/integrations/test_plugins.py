@@ -85,10 +85,10 @@ def test_entry_point_plugin_adds_a_family_and_its_forward(tmp_path, monkeypatch,
 def test_a_plugin_policy_is_labelled_with_its_plugin(tmp_path, monkeypatch, clean_forwards):
     name = install_plugin(tmp_path, monkeypatch)
     (tmp_path / name / "families" / "c4.yaml").write_text(
-        "policy: helium_c4\napplies_to: [helium]\nreason: r\nflce: {chunk_mem_const: 4}\n"
+        "policy: diffllama_c4\napplies_to: [diffllama]\nreason: r\nflce: {chunk_mem_const: 4}\n"
     )
-    explanation = L.explain("helium", registry=L.load_registry())
-    assert str(explanation.source("flce.chunk_mem_const")) == "plugin helium policy helium_c4 (c4.yaml)"
+    explanation = L.explain("diffllama", registry=L.load_registry())
+    assert str(explanation.source("flce.chunk_mem_const")) == "plugin diffllama policy diffllama_c4 (c4.yaml)"
 
 
 def test_env_path_and_load_registry_dirs_add_families(tmp_path, monkeypatch):
