@@ -29,23 +29,45 @@ VOCAB = 128256
 SHAPES = {
     # Llama-3-8B widths, cut to a few layers
     "llama": dict(
-        hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=False,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
     ),
     # GPT-OSS-20B widths (32 experts, top-4), cut to a few layers
     "gpt_oss": dict(
-        hidden_size=2880, intermediate_size=2880, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
-        num_local_experts=32, num_experts_per_tok=4, sliding_window=128, tie_word_embeddings=False,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        tie_word_embeddings=False,
     ),
 }
 # --smoke: the same code path on CPU (gloo) with tiny widths, to check the script without a GPU
-SMOKE = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             num_local_experts=4, num_experts_per_tok=2)
+SMOKE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+)
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--nproc", type=int, default=None, help="processes (one per GPU); default: every visible GPU")
+    p.add_argument(
+        "--nproc", type=int, default=None, help="processes (one per GPU); default: every visible GPU"
+    )
     p.add_argument("--models", default="llama,gpt_oss")
     p.add_argument("--wrappers", default="fsdp2,ddp")
     p.add_argument("--layers", type=int, default=2)
@@ -55,7 +77,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny widths: checks the script, measures nothing")
+    p.add_argument(
+        "--smoke", action="store_true", help="CPU, gloo, tiny widths: checks the script, measures nothing"
+    )
     return p.parse_args(argv)
 
 
@@ -66,7 +90,10 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     nproc = args.nproc or (2 if args.smoke else max(torch.cuda.device_count(), 1))
     env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
-    forwarded, skip = [], False  # --nproc is for this launcher only (torchrun would take it for its own option)
+    forwarded, skip = (
+        [],
+        False,
+    )  # --nproc is for this launcher only (torchrun would take it for its own option)
     for arg in argv:
         if skip or arg.startswith("--nproc="):
             skip = False
@@ -74,7 +101,14 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
         skip = arg == "--nproc"
         if not skip:
             forwarded.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", __file__]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        __file__,
+    ]
     command += forwarded
     print("+", " ".join(command), flush=True)
     return subprocess.call(command, env=env)
@@ -99,7 +133,9 @@ def wrap(model, wrapper: str, local_rank: int):
     import torch
 
     if wrapper == "ddp":
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=None if local_rank is None else [local_rank])
+        return torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=None if local_rank is None else [local_rank]
+        )
     from torch.distributed.fsdp import fully_shard
 
     for layer in model.model.layers:
@@ -187,26 +223,50 @@ def report(results: list[dict], args: argparse.Namespace, world: int) -> None:
     import liger_registry
 
     meta = {
-        "world_size": world, "layers": args.layers, "steps": args.steps, "warmup": args.warmup, "batch_per_rank": args.batch,
-        "seq": args.seq, "vocab": VOCAB, "dtype": "bfloat16", "torch": torch.__version__,
-        "device": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(), "liger_registry": liger_registry.__version__,
+        "world_size": world,
+        "layers": args.layers,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batch_per_rank": args.batch,
+        "seq": args.seq,
+        "vocab": VOCAB,
+        "dtype": "bfloat16",
+        "torch": torch.__version__,
+        "device": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(),
+        "liger_registry": liger_registry.__version__,
     }
     rows = []
     for ref in (r for r in results if not r["patched"]):
-        mine = next(r for r in results if r["patched"] and r["model"] == ref["model"] and r["wrapper"] == ref["wrapper"])
+        mine = next(
+            r
+            for r in results
+            if r["patched"] and r["model"] == ref["model"] and r["wrapper"] == ref["wrapper"]
+        )
         if any("error" in x for x in ref["ranks"] + mine["ranks"]):
             rows.append((ref["model"], ref["wrapper"], "error", "", "", "", "", "", ""))
             continue
-        diff = max(abs(a - b) for u, p in zip(ref["ranks"], mine["ranks"], strict=True) for a, b in zip(u["losses"], p["losses"], strict=True))
+        diff = max(
+            abs(a - b)
+            for u, p in zip(ref["ranks"], mine["ranks"], strict=True)
+            for a, b in zip(u["losses"], p["losses"], strict=True)
+        )
         tps_u = sum(x["tokens_per_s"] for x in ref["ranks"])
         tps_p = sum(x["tokens_per_s"] for x in mine["ranks"])
         mem_u = max(x["peak_gib"] for x in ref["ranks"])
         mem_p = max(x["peak_gib"] for x in mine["ranks"])
-        rows.append((
-            ref["model"], ref["wrapper"], f"{tps_u:,.0f}", f"{tps_p:,.0f}", f"{tps_p / tps_u:.2f}x",
-            f"{mem_u:.2f}", f"{mem_p:.2f}", f"{ref['ranks'][0]['losses'][-1]:.4f} / {mine['ranks'][0]['losses'][-1]:.4f}",
-            f"{diff:.4f}",
-        ))
+        rows.append(
+            (
+                ref["model"],
+                ref["wrapper"],
+                f"{tps_u:,.0f}",
+                f"{tps_p:,.0f}",
+                f"{tps_p / tps_u:.2f}x",
+                f"{mem_u:.2f}",
+                f"{mem_p:.2f}",
+                f"{ref['ranks'][0]['losses'][-1]:.4f} / {mine['ranks'][0]['losses'][-1]:.4f}",
+                f"{diff:.4f}",
+            )
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"distributed_ws{world}{'_smoke' if args.smoke else ''}.json"
@@ -218,12 +278,26 @@ def report(results: list[dict], args: argparse.Namespace, world: int) -> None:
     for r in results:
         if "error" not in r["ranks"][0]:
             tag = "patched  " if r["patched"] else "unpatched"
-            print(f"  {r['model']:8} {r['wrapper']:5} {tag} " + " ".join(f"{x:.4f}" for x in r["ranks"][0]["losses"]))
-    header = ("model", "wrapper", "tok/s unpatched", "tok/s patched", "speedup", "peak GiB/GPU unp.",
-              "peak GiB/GPU pat.", "last loss unp. / pat.", "max |Δloss|")
+            print(
+                f"  {r['model']:8} {r['wrapper']:5} {tag} "
+                + " ".join(f"{x:.4f}" for x in r["ranks"][0]["losses"])
+            )
+    header = (
+        "model",
+        "wrapper",
+        "tok/s unpatched",
+        "tok/s patched",
+        "speedup",
+        "peak GiB/GPU unp.",
+        "peak GiB/GPU pat.",
+        "last loss unp. / pat.",
+        "max |Δloss|",
+    )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    print(f"\nworld size {world}, {args.layers} layers, {args.batch}x{args.seq} tokens per rank per step, "
-          f"{args.steps} steps (tokens/s: median step after {args.warmup}, summed over ranks); JSON: {out / name}")
+    print(
+        f"\nworld size {world}, {args.layers} layers, {args.batch}x{args.seq} tokens per rank per step, "
+        f"{args.steps} steps (tokens/s: median step after {args.warmup}, summed over ranks); JSON: {out / name}"
+    )
     print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("-|-".join("-" * w for w in widths))
     for row in rows:

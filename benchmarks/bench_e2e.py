@@ -84,7 +84,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3, help="steps left out of tokens/s")
-    p.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (1e-3 made the bf16 loss curves chaotic on the H200: 12.6 -> 0.03 -> 6.5)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=1e-4,
+        help="AdamW learning rate (1e-3 made the bf16 loss curves chaotic on the H200: 12.6 -> 0.03 -> 6.5)",
+    )
     p.add_argument("--timeout-s", type=float, default=120.0, help="per process")
     p.add_argument(
         "--budget-s", type=float, default=510.0, help="start no new process after this many seconds"

@@ -43,7 +43,9 @@ def case_rms_norm():
         LigerRMSNormFunction.apply(x, w, 1e-6, 0.0, "llama", True).backward(dy)
 
     return {
-        "name": f"RMSNorm {n}x{h}", "bytes": 5 * n * h * 2, "grads": [x, w],
+        "name": f"RMSNorm {n}x{h}",
+        "bytes": 5 * n * h * 2,
+        "grads": [x, w],
         "ours": lambda: K.rms_norm(x, w, 1e-6).backward(dy),
         "ours in-place bwd": lambda: K.rms_norm(x, w, 1e-6, in_place_backward=True).backward(dy),
         "peer": peer,
@@ -66,8 +68,12 @@ def _glu_case(kind):
         Fn.apply(a, b).backward(dc)
 
     return {
-        "name": f"{'SwiGLU' if kind == 'swiglu' else 'GeGLU'} {n}x{h}", "bytes": 8 * n * h * 2, "grads": [a, b],
-        "ours": lambda: ours(a, b).backward(dc), "peer": peer, "eager": lambda: eager(a, b).backward(dc),
+        "name": f"{'SwiGLU' if kind == 'swiglu' else 'GeGLU'} {n}x{h}",
+        "bytes": 8 * n * h * 2,
+        "grads": [a, b],
+        "ours": lambda: ours(a, b).backward(dc),
+        "peer": peer,
+        "eager": lambda: eager(a, b).backward(dc),
     }
 
 
@@ -94,8 +100,12 @@ def case_rope():
 
     n = q.numel() + k.numel()
     return {
-        "name": f"RoPE q {b}x{hq}x{s}x{d} + k {b}x{hk}x{s}x{d}", "bytes": 4 * n * 2, "grads": [q, k],
-        "ours": run(K.rope), "peer": run(peer_fn), "eager": run(apply_rotary_pos_emb),
+        "name": f"RoPE q {b}x{hq}x{s}x{d} + k {b}x{hk}x{s}x{d}",
+        "bytes": 4 * n * 2,
+        "grads": [q, k],
+        "ours": run(K.rope),
+        "peer": run(peer_fn),
+        "eager": run(apply_rotary_pos_emb),
     }
 
 
@@ -110,8 +120,11 @@ def case_layer_norm():
         LigerLayerNormFunction.apply(x, w, bb, 1e-5).backward(dy)
 
     return {
-        "name": f"LayerNorm {n}x{h}", "bytes": 5 * n * h * 2, "grads": [x, w, bb],
-        "ours": lambda: K.layer_norm(x, w, bb, 1e-5).backward(dy), "peer": peer,
+        "name": f"LayerNorm {n}x{h}",
+        "bytes": 5 * n * h * 2,
+        "grads": [x, w, bb],
+        "ours": lambda: K.layer_norm(x, w, bb, 1e-5).backward(dy),
+        "peer": peer,
         "eager": lambda: F.layer_norm(x, (h,), w, bb, 1e-5).backward(dy),
     }
 
@@ -124,18 +137,29 @@ def case_cross_entropy():
     def peer():
         from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
-        out = LigerCrossEntropyFunction.apply(logits, t, None, -100, 0.0, 0.0, "mean", None, False, False, False)
+        out = LigerCrossEntropyFunction.apply(
+            logits, t, None, -100, 0.0, 0.0, "mean", None, False, False, False
+        )
         (out[0] if isinstance(out, tuple) else out).backward()
 
     return {
-        "name": f"CrossEntropy {n}x{v}", "bytes": 3 * n * v * 2, "grads": [logits],
-        "ours": lambda: K.cross_entropy(logits, t).backward(), "peer": peer,
+        "name": f"CrossEntropy {n}x{v}",
+        "bytes": 3 * n * v * 2,
+        "grads": [logits],
+        "ours": lambda: K.cross_entropy(logits, t).backward(),
+        "peer": peer,
         "eager": lambda: F.cross_entropy(logits.float(), t).backward(),
     }
 
 
-CASES = [case_rms_norm, case_rope, lambda: _glu_case("swiglu"), lambda: _glu_case("geglu"), case_layer_norm,
-         case_cross_entropy]
+CASES = [
+    case_rms_norm,
+    case_rope,
+    lambda: _glu_case("swiglu"),
+    lambda: _glu_case("geglu"),
+    case_layer_norm,
+    case_cross_entropy,
+]
 
 
 def main():
@@ -155,7 +179,9 @@ def main():
                 case[key]()  # warm-up / compile
                 row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
                 if key in ("ours", "peer"):
-                    row[f"{key}_kernel_ms"] = kernel_ms(case[key], case["grads"], label=f"{case['name']} {key}")
+                    row[f"{key}_kernel_ms"] = kernel_ms(
+                        case[key], case["grads"], label=f"{case['name']} {key}"
+                    )
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{case['name']} {key}: {e!r}")
                 traceback.print_exc()
@@ -171,18 +197,27 @@ def main():
         del case
         torch.cuda.empty_cache()
     path = write_json("bench_ops.json", {"env": info, "copy_gbs": copy_gbs, "rows": rows, "errors": errors})
-    print(f"\nOps fwd+bwd bf16  {info.get('device')}  torch {info['torch']} triton {info['triton']}  "
-          f"copy {copy_gbs:.0f} GB/s (read+write)  json: {path}")
-    print(f"{'op':<44}{'ours ms':>9}{'peer ms':>9}{'eager ms':>10}{'ours/peer':>10}{'ours/eager':>11}{'GB/s':>7}{'/copy':>7}  bar")
+    print(
+        f"\nOps fwd+bwd bf16  {info.get('device')}  torch {info['torch']} triton {info['triton']}  "
+        f"copy {copy_gbs:.0f} GB/s (read+write)  json: {path}"
+    )
+    print(
+        f"{'op':<44}{'ours ms':>9}{'peer ms':>9}{'eager ms':>10}{'ours/peer':>10}{'ours/eager':>11}{'GB/s':>7}{'/copy':>7}  bar"
+    )
     for r in rows:
+
         def f(k, fmt, r=r):
             return format(r[k], fmt) if k in r else "-".rjust(len(format(0.0, fmt)))
 
         bar = "" if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
-        print(f"{r['op']:<44}{f('ours_ms', '9.3f')}{f('peer_ms', '9.3f')}{f('eager_ms', '10.3f')}"
-              f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}{f('ours_frac_copy', '7.2f')}  {bar}")
+        print(
+            f"{r['op']:<44}{f('ours_ms', '9.3f')}{f('peer_ms', '9.3f')}{f('eager_ms', '10.3f')}"
+            f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}{f('ours_frac_copy', '7.2f')}  {bar}"
+        )
         if "ours_kernel_ms" in r:
-            print(f"{'  (GPU kernel time per step: ours / peer)':<44}{r['ours_kernel_ms']:9.3f}{r.get('peer_kernel_ms', float('nan')):9.3f}")
+            print(
+                f"{'  (GPU kernel time per step: ours / peer)':<44}{r['ours_kernel_ms']:9.3f}{r.get('peer_kernel_ms', float('nan')):9.3f}"
+            )
         if "ours in-place bwd_ms" in r:
             print(f"{'  (ours, in_place_backward=True)':<44}{r['ours in-place bwd_ms']:9.3f}")
     for e in errors:

@@ -19,7 +19,9 @@ def out_dir() -> Path:
 def median_ms(fn, grad_to_none=None, warmup=100, rep=400) -> float:
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median"))
+    return float(
+        triton.testing.do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+    )
 
 
 def incremental_peak_mib(fn, clear=()) -> float:

@@ -31,7 +31,9 @@ def test_explain_with_user_policy(tmp_path, capsys):
 def test_schema_is_json_schema(capsys):
     assert cli.main(["schema"]) == 0
     schemas = json.loads(capsys.readouterr().out)
-    assert "skip_logits" in schemas["family"]["properties"] and "applies_to" in schemas["policy"]["properties"]
+    assert (
+        "skip_logits" in schemas["family"]["properties"] and "applies_to" in schemas["policy"]["properties"]
+    )
 
 
 def test_unknown_family_and_usage_errors(capsys):

@@ -24,7 +24,9 @@ def test_jsd_loss_matches_the_logits_reference_and_trains_the_student_only():
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         s_logits, t_logits = student(**inputs).logits, teacher(**inputs).logits
-    rows = _jsd_rows(s_logits.reshape(-1, s_logits.shape[-1]), t_logits.reshape(-1, t_logits.shape[-1]), 0.3, 2.0)
+    rows = _jsd_rows(
+        s_logits.reshape(-1, s_logits.shape[-1]), t_logits.reshape(-1, t_logits.shape[-1]), 0.3, 2.0
+    )
     target = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:].reshape(-1)
     expected = rows[target != -100].mean()
     torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-6)

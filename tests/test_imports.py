@@ -18,7 +18,9 @@ SCRIPTS = {
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_runs_without_torch(name):
-    check = "; import sys; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]"
+    check = (
+        "; import sys; assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)[:5]"
+    )
     code = SCRIPTS[name] + check + "; assert 'liger_registry.registry.applier' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

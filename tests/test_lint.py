@@ -27,7 +27,11 @@ def test_lint_forward_flags_missing_original_parameters():
         return None
 
     findings = lint_forward(narrow, original)
-    assert {f.message.split("'")[1] for f in findings if f.check == "signature"} == {"cache", "logits_to_keep", "kwargs"}
+    assert {f.message.split("'")[1] for f in findings if f.check == "signature"} == {
+        "cache",
+        "logits_to_keep",
+        "kwargs",
+    }
 
 
 def test_bundled_registry_is_clean(capsys):
@@ -83,12 +87,18 @@ def test_lint_deep_exits_1_on_a_forward_that_ignores_skip_logits(bad_family, mon
         outputs = _base_call(self, ctx, named, extra)
         logits = self.lm_head(outputs.last_hidden_state)
         labels = named.get("labels")
-        loss = None if labels is None else self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+        loss = (
+            None
+            if labels is None
+            else self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size)
+        )
         return _output(ctx, outputs, named, loss=loss, logits=logits)
 
     directory = bad_family("ignores_skip", ignores_skip)
     build_as_llama(monkeypatch, "ignores_skip")
-    assert cli.main(["lint", "--registry", directory]) == 0  # the signature is right: only running it shows the bug
+    assert (
+        cli.main(["lint", "--registry", directory]) == 0
+    )  # the signature is right: only running it shows the bug
     capsys.readouterr()
     assert cli.main(["lint", "--deep", "--registry", directory]) == 1
     out = capsys.readouterr().out

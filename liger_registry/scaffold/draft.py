@@ -124,7 +124,9 @@ def _aliased_small(config: PretrainedConfig) -> dict[str, Any]:
 
 # `self.layer_types = ["full_attention" if i in self.full_attn_idxs else "conv" for ...]` (a configuration), and
 # `config.layer_types[layer_idx] != "conv"` (a modeling module).
-_KIND_CHOICE = re.compile(r"(?<!\w)layer_types\s*=\s*\[\s*[\"'](\w+)[\"']\s+if\s+[^\n]*?\s+else\s+[\"'](\w+)[\"']")
+_KIND_CHOICE = re.compile(
+    r"(?<!\w)layer_types\s*=\s*\[\s*[\"'](\w+)[\"']\s+if\s+[^\n]*?\s+else\s+[\"'](\w+)[\"']"
+)
 _KIND_TEST = re.compile(r"(?<!\w)layer_types\[[^\]]*\]\s*[!=]=\s*[\"'](\w+)[\"']")
 
 

@@ -65,7 +65,11 @@ class Result:
             "eval_loss_train": (self.eval_loss_train, tol.loss),
             "eval_loss_eval": (self.eval_loss_eval, tol.loss),
         }
-        return [f"{name}: {value:.3g} > {limit:.3g}" for name, (value, limit) in checks.items() if not value <= limit]
+        return [
+            f"{name}: {value:.3g} > {limit:.3g}"
+            for name, (value, limit) in checks.items()
+            if not value <= limit
+        ]
 
 
 HEADER = (
@@ -121,7 +125,10 @@ def _outputs(family: str, out) -> torch.Tensor:
 
 
 def _batches(model, device: str) -> list[dict]:
-    return [{k: v.to(device) for k, v in tiny_batch(model, batch=2, seq=16, seed=i).items()} for i in range(STEPS + 1)]
+    return [
+        {k: v.to(device) for k, v in tiny_batch(model, batch=2, seq=16, seed=i).items()}
+        for i in range(STEPS + 1)
+    ]
 
 
 def _call(family: str, model, batch: dict, **kwargs):
@@ -140,7 +147,9 @@ def _train_and_eval(family: str, model, batches: list[dict], skip_check: bool) -
         torch.manual_seed(1000 + step)
         out = _call(family, model, batch)
         if skip_check and _fused(family) and out.logits is not None:
-            raise AssertionError(f"{family}: patched training forward with labels returned logits (FLCE not used)")
+            raise AssertionError(
+                f"{family}: patched training forward with labels returned logits (FLCE not used)"
+            )
         loss = _loss(family, out)
         loss.backward()
         optimiser.step()

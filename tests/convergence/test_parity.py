@@ -64,7 +64,9 @@ def _paligemma_softcaps() -> bool:
 
     from transformers.models.paligemma import modeling_paligemma
 
-    return "final_logit_softcapping" in inspect.getsource(modeling_paligemma.PaliGemmaForConditionalGeneration.forward)
+    return "final_logit_softcapping" in inspect.getsource(
+        modeling_paligemma.PaliGemmaForConditionalGeneration.forward
+    )
 
 
 @pytest.mark.skipif(not _paligemma_softcaps(), reason="this transformers' PaliGemma head does not softcap")
@@ -75,7 +77,9 @@ def test_cpu_fp32_paligemma2_softcap() -> None:
     from liger_registry.testing import SMALL
 
     known = Gemma2Config().to_dict()
-    text = Gemma2Config(**{k: v for k, v in SMALL.items() if k in known}, pad_token_id=0, final_logit_softcapping=2.0)
+    text = Gemma2Config(
+        **{k: v for k, v in SMALL.items() if k in known}, pad_token_id=0, final_logit_softcapping=2.0
+    )
     result = run_parity("paligemma", "cpu", torch.float32, text_config=text)
     result.family = "paligemma2"
     _check(result, FP32)

@@ -21,14 +21,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(tmp_path: Path, modes: list[str], nproc: int, device: str = "cpu", timeout: int = 240) -> list[dict]:
-    env = {**os.environ, **NO_MULTICAST, "OUT_DIR": str(tmp_path), "WORKER_DEVICE": device, "OMP_NUM_THREADS": "1"}
+def launch(
+    tmp_path: Path, modes: list[str], nproc: int, device: str = "cpu", timeout: int = 240
+) -> list[dict]:
+    env = {
+        **os.environ,
+        **NO_MULTICAST,
+        "OUT_DIR": str(tmp_path),
+        "WORKER_DEVICE": device,
+        "OMP_NUM_THREADS": "1",
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     command = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}", str(WORKER), ",".join(modes),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        str(WORKER),
+        ",".join(modes),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if done.returncode != 0:
-        raise AssertionError(f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+        raise AssertionError(
+            f"torchrun failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        )
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]

@@ -49,7 +49,10 @@ def full_grads(wrapped, mode: str) -> dict[str, list[float]]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     with FSDP.summon_full_params(wrapped, with_grads=True):
-        return {n.replace("_fsdp_wrapped_module.", ""): p.grad.flatten()[:64].tolist() for n, p in wrapped.named_parameters()}
+        return {
+            n.replace("_fsdp_wrapped_module.", ""): p.grad.flatten()[:64].tolist()
+            for n, p in wrapped.named_parameters()
+        }
 
 
 def run(mode: str, patch: bool, rank: int) -> dict:
@@ -60,7 +63,9 @@ def run(mode: str, patch: bool, rank: int) -> dict:
     batch = {k: v[2 * rank : 2 * rank + 2].to(DEVICE) for k, v in batch.items()}
     head_calls = []  # the rank of what each call of the head returned: 3 for logits, 0 for a fused loss
     lm_head = model.lm_head
-    hook = (lm_head.module if mode == "fsdp1_head" else lm_head).register_forward_hook(lambda m, i, o: head_calls.append(o.dim()))
+    hook = (lm_head.module if mode == "fsdp1_head" else lm_head).register_forward_hook(
+        lambda m, i, o: head_calls.append(o.dim())
+    )
     model.train()
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.5)
     losses = []

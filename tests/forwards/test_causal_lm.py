@@ -104,7 +104,9 @@ def test_num_items_in_batch_sums_then_divides(pair):
     batch["labels"][:, :5] = -100
     model.train(), reference.train()
     n = torch.tensor(7)
-    torch.testing.assert_close(model(**batch, num_items_in_batch=n).loss, reference(**batch, num_items_in_batch=n).loss)
+    torch.testing.assert_close(
+        model(**batch, num_items_in_batch=n).loss, reference(**batch, num_items_in_batch=n).loss
+    )
 
 
 def test_shift_labels_alone_are_a_loss_target(pair):
@@ -175,4 +177,6 @@ def test_core_family_trains_like_unpatched_in_float32(model_type):
             torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=name)
         model.eval(), reference.eval()
         batch = tiny_batch(model, seed=9)
-        torch.testing.assert_close(model(**batch, skip_logits=False).logits, reference(**batch).logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            model(**batch, skip_logits=False).logits, reference(**batch).logits, rtol=1e-4, atol=1e-5
+        )

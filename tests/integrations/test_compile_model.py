@@ -58,7 +58,9 @@ def test_apply_on_a_compiled_model_patches_the_inner_model():
     assert "forward" not in vars(model)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor on the GPU: Triton kernels inside the graph")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="inductor on the GPU: Triton kernels inside the graph"
+)
 def test_inductor_on_the_gpu_matches_eager():
     model = tiny_model("llama", hidden_size=128, intermediate_size=256, head_dim=32).cuda()
     batch = {k: v.cuda() for k, v in tiny_batch(model, batch=2, seq=64).items()}

@@ -13,7 +13,10 @@ from liger_registry.testing import tiny_model
 
 def test_false_turns_a_kernel_off_and_true_keeps_the_family_default():
     config = {"rope": True, "rms_norm": False, "swiglu": True, "fused_linear_cross_entropy": False}
-    assert overrides_from_liger_kernel_config(config, "llama") == {"rms_norm": False, "fused_linear_cross_entropy": False}
+    assert overrides_from_liger_kernel_config(config, "llama") == {
+        "rms_norm": False,
+        "fused_linear_cross_entropy": False,
+    }
     model = tiny_model("llama")
     with L.patched(model, **overrides_from_liger_kernel_config(config, "llama")) as handle:
         # FLCE off: the forward stays installed (it owns skip_logits), computing the loss from logits

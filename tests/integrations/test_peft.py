@@ -51,7 +51,11 @@ def test_lora_on_the_decoder_trains_like_unpatched_and_reverts():
     handle = L.apply(model)  # finds the transformers model inside the PeftModel
     inner = model.get_base_model()
     assert L.patch_handle(model) is handle and {r.kernel for r in handle.report.patched} >= {
-        "rms_norm", "swiglu", "rope", "forward"}
+        "rms_norm",
+        "swiglu",
+        "rope",
+        "forward",
+    }
     with count_calls(inner.lm_head) as calls:
         assert_same(train(model), reference)
     assert calls == []
@@ -89,6 +93,8 @@ def test_lora_lm_head_with_dropout_falls_back_to_logits_with_a_warning():
     batch = tiny_batch(model)
     with L.patched(model), count_calls(model.get_base_model().lm_head) as calls:
         model.train()
-        with pytest.warns(UserWarning, match="peft.tuners.lora.layer.Linear.*falls back to materialised logits"):
+        with pytest.warns(
+            UserWarning, match="peft.tuners.lora.layer.Linear.*falls back to materialised logits"
+        ):
             loss = model(**batch).loss
     assert calls == [1] and torch.isfinite(loss)

@@ -56,7 +56,9 @@ def install_plugin(root, monkeypatch, name="liger_demo_plugin"):
     package = root / name
     (package / "families").mkdir(parents=True)
     (package / "__init__.py").write_text(PLUGIN)
-    (package / "families" / "diffllama.yaml").write_text(FAMILY.format(family="diffllama", forward="counting_causal_lm"))
+    (package / "families" / "diffllama.yaml").write_text(
+        FAMILY.format(family="diffllama", forward="counting_causal_lm")
+    )
     info = root / f"{name}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
@@ -95,16 +97,22 @@ def test_env_path_and_load_registry_dirs_add_families(tmp_path, monkeypatch):
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir(), second.mkdir()
     (first / "diffllama.yaml").write_text(FAMILY.format(family="diffllama", forward="causal_lm"))
-    (second / "policy.yaml").write_text("policy: big_chunks\napplies_to: [diffllama]\nreason: fewer chunks\nflce: {chunk_mem_const: 4}\n")
+    (second / "policy.yaml").write_text(
+        "policy: big_chunks\napplies_to: [diffllama]\nreason: fewer chunks\nflce: {chunk_mem_const: 4}\n"
+    )
     monkeypatch.setenv(PATH_VARIABLE, f"{first}{__import__('os').pathsep}{second}")
     registry = L.load_registry()
-    assert "diffllama" in registry.families and [p.policy.policy for p in registry.policies_for("diffllama")] == ["big_chunks"]
+    assert "diffllama" in registry.families and [
+        p.policy.policy for p in registry.policies_for("diffllama")
+    ] == ["big_chunks"]
     monkeypatch.delenv(PATH_VARIABLE)
     assert "diffllama" not in L.load_registry().families
     assert L.load_registry(first).family_for("diffllama").entry.family == "diffllama"
 
 
-SIDE_EFFECT = "import pathlib; pathlib.Path(__file__).with_name('IMPORTED').write_text('yes')\nsystem = print\n"
+SIDE_EFFECT = (
+    "import pathlib; pathlib.Path(__file__).with_name('IMPORTED').write_text('yes')\nsystem = print\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +122,11 @@ SIDE_EFFECT = "import pathlib; pathlib.Path(__file__).with_name('IMPORTED').writ
         ("forward", "mypkg.mod", "'mypkg.mod' is not a registered forward"),
         ("module", "mypkg.mod", "module must be a dotted path under 'transformers.'"),
         ("module", "os", "module must be a dotted path under 'transformers.'"),
-        ("causal_lm", "mypkg.mod:Model", "causal_lm: 'mypkg.mod:Model' must be a name in the family's module"),
+        (
+            "causal_lm",
+            "mypkg.mod:Model",
+            "causal_lm: 'mypkg.mod:Model' must be a name in the family's module",
+        ),
         ("targets", "mypkg.mod:system", "only modules under transformers may be named"),
         ("rope", "mypkg.mod:system", "only modules under transformers may be named"),
     ],
@@ -131,7 +143,9 @@ def test_yaml_cannot_make_us_import_code(tmp_path, monkeypatch, field, value, me
     elif field == "rope":
         text += f"  rope: {{function: '{value}'}}\n"
     else:
-        text = "\n".join(f"{field}: {value}" if line.startswith(f"{field}:") else line for line in text.splitlines())
+        text = "\n".join(
+            f"{field}: {value}" if line.startswith(f"{field}:") else line for line in text.splitlines()
+        )
     directory = tmp_path / "families"
     directory.mkdir()
     (directory / "bad.yaml").write_text(text)

@@ -88,6 +88,8 @@ def test_loss_only_mixin_leaves_metric_eval_alone(tmp_path):
         return {}
 
     with L.patched(model):
-        trainer = LossOnlyTrainer(model=model, args=args(tmp_path), eval_dataset=data, compute_metrics=metrics)
+        trainer = LossOnlyTrainer(
+            model=model, args=args(tmp_path), eval_dataset=data, compute_metrics=metrics
+        )
         trainer.evaluate()
     assert seen and seen[0][-1] == model.config.vocab_size

@@ -92,7 +92,13 @@ def test_vocab_infeasible_falls_back_to_tokens_and_says_why():
 @pytest.mark.parametrize(
     "bt,shape,c,width,n",
     [
-        (8192, LLAMA, 1, 3968, 33),  # the C=1 budget holds 4008 columns x 8192 rows; 3968 is the multiple of 128
+        (
+            8192,
+            LLAMA,
+            1,
+            3968,
+            33,
+        ),  # the C=1 budget holds 4008 columns x 8192 rows; 3968 is the multiple of 128
         (2048, LLAMA, 1, 3968, 33),
         (16384, LLAMA, 1, 3968, 33),
         (2048, (2880, 201088), 1, 3072, 66),

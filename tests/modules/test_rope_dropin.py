@@ -12,7 +12,10 @@ def _inputs(dtype, cos_dtype):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 6, 8, generator=g).to(dtype)
     k = torch.randn(2, 2, 6, 8, generator=g).to(dtype)
-    cos, sin = torch.randn(2, 6, 8, generator=g).to(cos_dtype), torch.randn(2, 6, 8, generator=g).to(cos_dtype)
+    cos, sin = (
+        torch.randn(2, 6, 8, generator=g).to(cos_dtype),
+        torch.randn(2, 6, 8, generator=g).to(cos_dtype),
+    )
     return q, k, cos, sin
 
 
@@ -28,7 +31,9 @@ def test_matches_hf_with_fp32_cos_and_bf16_q(hf):
 
 def test_seq_first_layout():
     q, k, cos, sin = _inputs(torch.float32, torch.float32)
-    expected = modeling_llama.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
+    expected = modeling_llama.apply_rotary_pos_emb(
+        q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2
+    )
     ours = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)
     for a, b in zip(ours, expected, strict=True):
         torch.testing.assert_close(a, b)

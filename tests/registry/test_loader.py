@@ -27,7 +27,10 @@ def test_bundled_registry_has_the_core_families():
 
 
 def test_every_problem_of_a_file_is_reported_with_line_and_suggestion(tmp_path):
-    write(tmp_path, "bad.yaml", """\
+    write(
+        tmp_path,
+        "bad.yaml",
+        """\
         family: bad
         model_types: [bad]
         module: transformers.models.llama.modeling_llama
@@ -37,7 +40,8 @@ def test_every_problem_of_a_file_is_reported_with_line_and_suggestion(tmp_path):
           chunk_mem_const: true
         kernels:
           rms_norm: {targets: [LlamaRMSNorm], casting_mode: fp8}
-        """)
+        """,
+    )
     with pytest.raises(RegistryError) as info:
         liger_registry.load_registry(tmp_path)
     problems = info.value.problems
@@ -91,4 +95,7 @@ def test_forward_name_is_checked_even_when_the_schema_fails(tmp_path):
     with pytest.raises(RegistryError) as info:
         liger_registry.load_registry(tmp_path)
     text = "\n".join(info.value.problems)
-    assert "skip_logit: unknown key" in text and "'causal_lm_mo' is not a registered forward (did you mean" in text
+    assert (
+        "skip_logit: unknown key" in text
+        and "'causal_lm_mo' is not a registered forward (did you mean" in text
+    )

@@ -25,14 +25,24 @@ def test_other_families_get_c1(model_type):
 
 def test_user_policy_then_override_win_in_order(tmp_path):
     policy = tmp_path / "mine.yaml"
-    policy.write_text("policy: mine\napplies_to: [llama]\nreason: test\nflce: {chunk_mem_const: 4}\nskip_logits: labels\n")
+    policy.write_text(
+        "policy: mine\napplies_to: [llama]\nreason: test\nflce: {chunk_mem_const: 4}\nskip_logits: labels\n"
+    )
     explanation = liger_registry.explain("llama", policy=policy)
-    assert explanation.value("flce.chunk_mem_const") == 4 and explanation.source("flce.chunk_mem_const").layer == 4
+    assert (
+        explanation.value("flce.chunk_mem_const") == 4
+        and explanation.source("flce.chunk_mem_const").layer == 4
+    )
     assert explanation.value("skip_logits") == "labels"
     overridden = liger_registry.explain("llama", policy=policy, chunk_mem_const=16)
-    assert overridden.value("flce.chunk_mem_const") == 16 and overridden.source("flce.chunk_mem_const").layer == 5
+    assert (
+        overridden.value("flce.chunk_mem_const") == 16
+        and overridden.source("flce.chunk_mem_const").layer == 5
+    )
     assert overridden.source("kernels.rms_norm.targets").layer == 2
-    assert overridden.source("kernels.rms_norm.casting_mode").layer == 1  # llama.yaml leaves it to defaults.yaml
+    assert (
+        overridden.source("kernels.rms_norm.casting_mode").layer == 1
+    )  # llama.yaml leaves it to defaults.yaml
     assert overridden.source("kernels.rms_norm.eps_attr").layer == 1
 
 
@@ -72,14 +82,18 @@ def test_defaults_file_is_layer_one_and_families_state_only_what_differs():
 
     registry = liger_registry.load_registry()
     explanation = liger_registry.explain("llama")
-    assert explanation.source("skip_logits").layer == 1 and "defaults.yaml" in str(explanation.source("skip_logits"))
+    assert explanation.source("skip_logits").layer == 1 and "defaults.yaml" in str(
+        explanation.source("skip_logits")
+    )
     for loaded in registry.families.values():
         entry, text = loaded.entry, loaded.path.read_text()
         assert entry.transformers == default("transformers")  # one edit in DEFAULTS_FILE bumps every family
-        assert "transformers:" not in text.replace("transformers: decoder", "") and 'forward: causal_lm\n' not in text
+        assert (
+            "transformers:" not in text.replace("transformers: decoder", "")
+            and "forward: causal_lm\n" not in text
+        )
         assert "skip_logits: auto" not in text and "casting_mode: llama" not in text
     assert DEFAULTS_FILE.name == "defaults.yaml"
-
 
 
 def test_a_registry_policy_says_where_it_came_from(tmp_path, monkeypatch):
@@ -94,4 +108,6 @@ def test_a_registry_policy_says_where_it_came_from(tmp_path, monkeypatch):
     registry = liger_registry.load_registry(tmp_path / "dir")
     explanation = liger_registry.explain("llama", registry=registry)
     assert str(explanation.source("flce.chunk_mem_const")) == "directory policy from_dir (p.yaml)"
-    assert str(liger_registry.explain("gpt_oss").source("flce.chunk_mem_const")).startswith("bundled policy gpt_oss")
+    assert str(liger_registry.explain("gpt_oss").source("flce.chunk_mem_const")).startswith(
+        "bundled policy gpt_oss"
+    )

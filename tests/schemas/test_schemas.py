@@ -98,4 +98,6 @@ def test_kinds_table_derives_specs_patches_and_overrides():
         assert OVERRIDE_PATHS[name] == f"kernels.{name}.enabled" and name in Overrides.model_fields
         patch = KernelsPatch.model_fields[name].annotation.__args__[0]
         assert set(patch.model_fields) == {"enabled", "reason", *kind.patchable}
-    assert set(LIGER_KEYS) == {k.liger_key for k in KINDS.values() if k.liger_key} | {"fused_linear_cross_entropy"}
+    assert set(LIGER_KEYS) == {k.liger_key for k in KINDS.values() if k.liger_key} | {
+        "fused_linear_cross_entropy"
+    }
