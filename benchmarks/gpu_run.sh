@@ -46,7 +46,7 @@ for p in ${*:-tests flce e2e}; do
     parity-tokens|parity-vocab)
       FORCE_FLCE_STRATEGY=${p#parity-} PYTHONPATH=$PYTHONPATH:$PWD/benchmarks part "$p" "${T_PARITY:-300}" 60 \
         python3 -m pytest -q -p no:cacheprovider -p force_flce_strategy tests/convergence -k gpu ;;
-    flce) part flce "${T_FLCE:-420}" 90 python3 benchmarks/bench_flce.py $FLCE_ARGS ;;
+    flce) part flce "${T_FLCE:-420}" 100 python3 benchmarks/bench_flce.py $FLCE_ARGS ;;
     flce-quick) part flce-quick "${T_FLCE:-150}" 60 python3 benchmarks/bench_flce.py --quick $FLCE_ARGS ;;
     e2e) part e2e "${T_E2E:-590}" 40 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
     e2e-quick) part e2e-quick "${T_E2E:-300}" 30 \
