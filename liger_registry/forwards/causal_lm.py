@@ -34,7 +34,11 @@ def _slice(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Te
 
 def _shift_labels(labels, extra: dict) -> torch.Tensor:
     shift_labels = extra.get("shift_labels")
-    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:] if shift_labels is None else shift_labels
+    if shift_labels is not None:
+        return shift_labels
+    # the slot past the end is padded with the caller's ignore_index, as HF's ForCausalLMLoss does: with a constant
+    # -100 a custom ignore_index would turn that slot into a real (out-of-range) label
+    return F.pad(labels, (0, 1), value=extra.get("ignore_index", IGNORE_INDEX))[..., 1:]
 
 
 def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, extra: dict):

@@ -109,6 +109,17 @@ def test_num_items_in_batch_sums_then_divides(pair):
     )
 
 
+@pytest.mark.parametrize("skip_logits", [True, False])
+def test_custom_ignore_index_pads_the_shift_with_it(pair, skip_logits):
+    """ignore_index=-1: the padded slot past the end is ignored (it was the constant -100, a real label)."""
+    reference, model = pair
+    batch = tiny_batch(model)
+    batch["labels"][:, :3] = -1
+    model.train(), reference.train()
+    want = reference(**batch, ignore_index=-1).loss
+    torch.testing.assert_close(model(**batch, ignore_index=-1, skip_logits=skip_logits).loss, want)
+
+
 def test_shift_labels_alone_are_a_loss_target(pair):
     """HF computes no loss from shift_labels alone; the patched forward uses them as the targets."""
     reference, model = pair
