@@ -172,6 +172,11 @@ def _user_policies(registry: Registry, policy: str | Path | list | None) -> list
 def _user_policy(registry: Registry, policy: str | Path | LoadedPolicy) -> LoadedPolicy:
     if isinstance(policy, LoadedPolicy):
         return policy
+    if not isinstance(policy, (str, Path)):
+        raise RegistryError(
+            f"policy must be a bundled policy name, a YAML file path or a list of them; got "
+            f"{type(policy).__name__} {str(policy)[:80]!r}"
+        )
     named = registry.named_policy(policy) if isinstance(policy, str) else None
     if named is not None and not Path(policy).is_file():
         return named
