@@ -214,12 +214,18 @@ def revert(model_or_model_type: nn.Module | str) -> bool:
 
 @contextlib.contextmanager
 def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
-    """`with patched(model): ...` applies on entry and reverts on exit, also when the body raises."""
+    """`with patched(model): ...` applies on entry and reverts on exit, also when the body raises.
+
+    On a model (or model type) that is already patched the same way the block finds that patch and leaves it in
+    place on exit: a block restores exactly the state it found (nested blocks too).
+    """
+    active_before = {id(h) for h in (*_RECORD.models.values(), *_RECORD.families.values())}
     handle = apply(model_or_model_type, **kwargs)
     try:
         yield handle
     finally:
-        handle.revert()
+        if id(handle) not in active_before:
+            handle.revert()
 
 
 def patch_handle(model_or_model_type: nn.Module | str) -> PatchHandle | None:

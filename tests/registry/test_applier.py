@@ -58,6 +58,21 @@ def test_patched_context_reverts_on_error(llama):
     assert snapshot(llama) == before
 
 
+def test_patched_blocks_restore_the_state_they_found(llama):
+    """An inner `with patched(m)` on an already patched model leaves the outer patch in place (issue 11)."""
+    before = snapshot(llama)
+    outer = liger_registry.apply(llama)
+    patched_state = snapshot(llama)
+    with liger_registry.patched(llama) as inner:
+        assert inner is outer
+        with liger_registry.patched(llama):
+            pass
+        assert snapshot(llama) == patched_state
+    assert outer.active and snapshot(llama) == patched_state
+    outer.revert()
+    assert snapshot(llama) == before
+
+
 def test_module_wide_function_stays_patched_while_another_model_holds_it(llama):
     other = tiny_model("llama", seed=1)
     original = modeling_llama.apply_rotary_pos_emb
