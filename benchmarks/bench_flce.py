@@ -168,33 +168,17 @@ def unpatched_fn(x, w, t):
     return lambda: F.cross_entropy((x @ w.t()).float(), t).backward()
 
 
-def peer_fn(x, w, t, chunk_mem_const: int):
+def peer_loss(x, w, t, chunk_mem_const: int):
+    """The peer's FLCE loss (liger-kernel 0.8.5's positional autograd signature), mean over tokens."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
-    def f():
-        out = LigerFusedLinearCrossEntropyFunction.apply(
-            x,
-            w,
-            t,
-            None,
-            None,
-            -100,
-            0.0,
-            0.0,
-            "mean",
-            None,
-            False,
-            None,
-            False,
-            False,
-            False,
-            None,
-            None,
-            chunk_mem_const,
-        )
-        (out[0] if isinstance(out, tuple) else out).backward()
+    flags = (None, None, -100, 0.0, 0.0, "mean", None, False, None, False, False, False, None, None)
+    out = LigerFusedLinearCrossEntropyFunction.apply(x, w, t, *flags, chunk_mem_const)
+    return out[0] if isinstance(out, tuple) else out
 
-    return f
+
+def peer_fn(x, w, t, chunk_mem_const: int):
+    return lambda: peer_loss(x, w, t, chunk_mem_const).backward()
 
 
 def ours_fn(x, w, t, kwargs: dict):
@@ -386,29 +370,7 @@ def loss_check(shape, h, v, bt, device, dtype, api, peer_problem, methods) -> li
             if kind == "unpatched":
                 loss = F.cross_entropy((x @ w.t()).float(), t)
             elif kind == "peer":
-                from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
-
-                loss = LigerFusedLinearCrossEntropyFunction.apply(
-                    x,
-                    w,
-                    t,
-                    None,
-                    None,
-                    -100,
-                    0.0,
-                    0.0,
-                    "mean",
-                    None,
-                    False,
-                    None,
-                    False,
-                    False,
-                    False,
-                    None,
-                    None,
-                    kwargs["chunk_mem_const"],
-                )
-                loss = loss[0] if isinstance(loss, tuple) else loss
+                loss = peer_loss(x, w, t, kwargs["chunk_mem_const"])
             else:
                 loss = K.fused_linear_cross_entropy(x, w, t, **kwargs)
             loss.backward()
