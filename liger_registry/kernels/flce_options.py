@@ -46,6 +46,9 @@ class FlceOptions:
     ``chunk_mem_const`` (token chunks of ``flce_chunk_geometry``) and ``max_chunk_mib`` (MiB) are the two
     spellings of one budget, the size of the logits buffer; at most one may be set (neither: C=1).
     ``strategy`` picks how the loss is chunked (``auto``: the planner's choice, see ``flce_plan``).
+    ``use_token_scaling`` multiplies each non-ignored token's loss (CE and z-loss terms) by ``p_y``, the softmax
+    probability of its target under the transformed logits, detached (liger's ``use_token_scaling``); ``mean``
+    still divides by the number (class weight sum) of non-ignored tokens.
     """
 
     ignore_index: int = -100
@@ -60,6 +63,7 @@ class FlceOptions:
         None  # memory budget of the logits buffer, MiB; exclusive with chunk_mem_const
     )
     strategy: str = "auto"  # auto | tokens | vocab
+    use_token_scaling: bool = False  # each token's loss times its detached probability of the target
 
     def __post_init__(self) -> None:
         if isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int):
@@ -87,6 +91,8 @@ class FlceOptions:
         if self.max_chunk_mib is not None:
             set_(self, "max_chunk_mib", check_max_chunk_mib(self.max_chunk_mib))
         check_strategy(self.strategy)
+        if not isinstance(self.use_token_scaling, bool):
+            raise ValueError(f"use_token_scaling must be True or False, got {self.use_token_scaling!r}")
 
 
 OPTION_FIELDS = frozenset(f.name for f in fields(FlceOptions))

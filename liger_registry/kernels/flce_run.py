@@ -17,6 +17,7 @@ LOSS_FIELDS = (
     "lse_square_scale",
     "reduction",
     "accum_dtype",
+    "use_token_scaling",
 )
 
 
@@ -52,6 +53,7 @@ class FlceRun:
         lse_square_scale: float,
         reduction: str,
         accum_dtype: torch.dtype | None,
+        use_token_scaling: bool,
         strategy: str,
         chunk: int,
         backend: str,
@@ -65,5 +67,6 @@ class FlceRun:
             lse_square_scale=lse_square_scale,
             reduction=reduction,
             accum_dtype=accum_dtype,
+            use_token_scaling=use_token_scaling,
         )
         return cls(options, strategy, chunk, backend, argmax_mode)

@@ -8,6 +8,7 @@ import torch
 from .ce_rows import ce_rows_for, row_scales
 from .flce_run import FlceRun
 from .flce_target import needs_exact_target, target_logits
+from .flce_token_scaling import chunk_target_probs, with_row_factor
 
 
 def _addmm_dw(dw: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
@@ -78,6 +79,9 @@ def token_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
         else:
             torch.mm(h_c, w_dt.t(), out=buf)
         r = slice(s, e) if per_token else slice(0, e - s)
+        zy_c = None if zy is None else zy[s:e]
+        rg = None if row_grad is None else row_grad[s:e]
+        scale = chunk_target_probs(buf, target[s:e], opts, zy_c) if opts.use_token_scaling else None
         kernel(
             buf,
             target[s:e],
@@ -89,13 +93,17 @@ def token_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
             class_weights=class_weights,
             ce_grad_scale=ce_scale,
             z_grad_scale=z_scale,
-            row_grad=None if row_grad is None else row_grad[s:e],
+            row_grad=rg if scale is None else with_row_factor(rg, scale),
             compute_grad=compute_grad,
             argmax_mode=run.argmax_mode,
             out=(ce_rows[r], z_rows[r] if has_z else None, argmax[s:e] if run.argmax_mode else None),
-            target_logit=None if zy is None else zy[s:e],
+            target_logit=zy_c,
             **extra,
         )
+        if scale is not None:
+            ce_rows[r] *= scale
+            if has_z:
+                z_rows[r] *= scale
         if not per_token:
             torch.sum(ce_rows[r], 0, keepdim=True, out=ce_part[i : i + 1])
             if has_z:

@@ -17,6 +17,7 @@ import torch
 
 from .flce_run import FlceRun
 from .flce_target import needs_exact_target, target_logits
+from .flce_token_scaling import target_probs_from_lse
 from .flce_vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
 from .triton_flce_vocab import grad_inplace_triton, stats_update_triton
 
@@ -93,6 +94,10 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     ce, zl, coefs = row_losses(
         state, target, v, ce_scale=ce_scale, z_scale=z_scale, row_grad=row_grad, zy_exact=zy, **kw
     )
+    if opts.use_token_scaling:
+        p = target_probs_from_lse(coefs.lse, state.zy if zy is None else zy, target, opts.ignore_index)
+        ce, zl = ce * p, zl * p
+        coefs = coefs._replace(coef=coefs.coef * p, a_s=coefs.a_s * p, sm=coefs.sm * p)
     dh, dw, db = _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need)
     argmax = state.best_i if run.argmax_mode else None
     has_z = opts.lse_square_scale != 0.0

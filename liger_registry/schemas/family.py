@@ -14,6 +14,9 @@ from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
 FlceStrategy = Literal["auto", "tokens", "vocab"]
+AccumDtype = Literal["float32"]
+ZLossScale = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] | Annotated[StrictInt, Field(ge=0)]
+Smoothing = Annotated[StrictFloat, Field(ge=0, le=1)] | Annotated[StrictInt, Field(ge=0, le=1)]
 Mib = Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
 BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
 
@@ -56,6 +59,23 @@ class FlceSpec(StrictModel):
         default("flce.strategy"),
         description="auto: the planner picks per call; tokens: chunk over tokens (the C=1 algorithm); "
         "vocab: chunk over the vocabulary.",
+    )
+    lse_square_scale: ZLossScale = Field(
+        default("flce.lse_square_scale"),
+        description="z-loss: adds lse_square_scale * logsumexp(logits)**2 per non-ignored token (0: off).",
+    )
+    label_smoothing: Smoothing = Field(
+        default("flce.label_smoothing"),
+        description="Label smoothing of the loss, in [0, 1] (as F.cross_entropy).",
+    )
+    accum_dtype: AccumDtype | None = Field(
+        default("flce.accum_dtype"),
+        description="float32: accumulate the head's weight gradient in fp32 (16-bit models); null: in its dtype.",
+    )
+    use_token_scaling: StrictBool = Field(
+        default("flce.use_token_scaling"),
+        description="Multiply each token's loss by its predicted probability of the target (detached), as "
+        "liger's use_token_scaling.",
     )
     reason: str | None = Field(None, description="Why the knob has this value for this family.")
 

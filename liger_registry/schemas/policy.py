@@ -7,7 +7,15 @@ from typing import Any
 from pydantic import Field, PositiveInt, StrictBool, model_validator
 
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.family import FlceStrategy, Mib, SkipLogitsMode, one_budget
+from liger_registry.schemas.family import (
+    AccumDtype,
+    FlceStrategy,
+    Mib,
+    SkipLogitsMode,
+    Smoothing,
+    ZLossScale,
+    one_budget,
+)
 from liger_registry.schemas.kernel_kinds import KernelsPatch
 
 
@@ -22,6 +30,12 @@ class FlcePatch(StrictModel):
         None, description="FLCE logits-buffer budget in MiB; clears chunk_mem_const of lower layers."
     )
     strategy: FlceStrategy | None = Field(None, description="FLCE chunking strategy: auto, tokens or vocab.")
+    lse_square_scale: ZLossScale | None = Field(None, description="FLCE z-loss scale (>= 0).")
+    label_smoothing: Smoothing | None = Field(None, description="FLCE label smoothing, in [0, 1].")
+    accum_dtype: AccumDtype | None = Field(None, description="float32: accumulate dW in fp32.")
+    use_token_scaling: StrictBool | None = Field(
+        None, description="Scale each token's loss by its detached predicted probability."
+    )
 
     @model_validator(mode="before")
     @classmethod
