@@ -17,6 +17,7 @@ from liger_registry.forwards.head import (
     text_config,
     warn_unfusable,
 )
+from liger_registry.forwards.logits_loss import changes_the_loss, logits_loss
 from liger_registry.forwards.registry import register_forward
 from liger_registry.forwards.skip_logits import resolve_skip_logits
 
@@ -120,7 +121,10 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
         *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr),
     )
     loss = None
-    if has_labels:
+    if has_labels and changes_the_loss(ctx.flce_options):
+        options = dataclasses.replace(ctx.flce_options, ignore_index=extra.get("ignore_index", IGNORE_INDEX))
+        loss = logits_loss(logits, _shift_labels(labels, extra), options, extra.get("num_items_in_batch"))
+    elif has_labels:
         loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
     if accuracy:
         named["token_accuracy"] = _token_accuracy(logits, labels, extra)

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+import torch
 from transformers import modeling_outputs
 
 from liger_registry.kernels import FlceOptions
-from liger_registry.schemas import FamilyEntry
+from liger_registry.schemas import FamilyEntry, FlceSpec
 
 _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "MoeCausalLMOutputWithPast"}
 
@@ -33,14 +34,7 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)
         self.output_class = self._output_class()
-        flce = self.entry.flce
-        self.flce_options = (
-            FlceOptions(
-                chunk_mem_const=flce.chunk_mem_const, max_chunk_mib=flce.max_chunk_mib, strategy=flce.strategy
-            )
-            if flce.enabled
-            else None
-        )
+        self.flce_options = flce_options(self.entry.flce) if self.entry.flce.enabled else None
 
     def _output_class(self) -> type:
         annotation = self.signature.return_annotation
@@ -78,6 +72,19 @@ class ForwardContext:
         return (
             None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
         )
+
+
+def flce_options(flce: FlceSpec) -> FlceOptions:
+    """The kernel options a resolved flce section sets (the model's config and the call add the rest)."""
+    return FlceOptions(
+        chunk_mem_const=flce.chunk_mem_const,
+        max_chunk_mib=flce.max_chunk_mib,
+        strategy=flce.strategy,
+        lse_square_scale=flce.lse_square_scale,
+        label_smoothing=flce.label_smoothing,
+        accum_dtype=None if flce.accum_dtype is None else getattr(torch, flce.accum_dtype),
+        use_token_scaling=flce.use_token_scaling,
+    )
 
 
 def installed_signature(original: Callable) -> inspect.Signature:

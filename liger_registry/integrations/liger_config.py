@@ -12,8 +12,17 @@ from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS, Overrides
 
-# Non-boolean knobs a liger_kernel_config-style dict may carry besides the kernel switches (issue 10).
-LIGER_KNOBS = ("chunk_mem_const", "max_chunk_mib", "flce_strategy")
+# Knobs a liger_kernel_config-style dict may carry besides the kernel switches: the FLCE budget and strategy
+# (issue 10) and the FLCE loss options (issue 14).
+LIGER_KNOBS = (
+    "chunk_mem_const",
+    "max_chunk_mib",
+    "flce_strategy",
+    "lse_square_scale",
+    "label_smoothing",
+    "accum_dtype",
+    "use_token_scaling",
+)
 
 __all__ = ["LIGER_KEYS", "LIGER_KNOBS", "overrides_from_liger_kernel_config"]
 
@@ -43,7 +52,8 @@ def overrides_from_liger_kernel_config(
     """Keyword overrides for `liger_registry.apply(...)` from a `liger_kernel_config` dict.
 
     Every key must be one of LIGER_KEYS with a bool value, or one of LIGER_KNOBS (the FLCE budget and
-    strategy: chunk_mem_const, max_chunk_mib, flce_strategy) with a value `apply` accepts, else RegistryError
+    strategy: chunk_mem_const, max_chunk_mib, flce_strategy; the FLCE loss options: lse_square_scale,
+    label_smoothing, accum_dtype, use_token_scaling) with a value `apply` accepts, else RegistryError
     listing all problems. `False` turns a kernel off. `True` means "use it where the family supports it"
     (liger's default), so it changes nothing; when the family has no such kernel or keeps it off, that is
     said in a warning, never dropped silently. Knobs pass through as overrides. Pass `model_type` to have
