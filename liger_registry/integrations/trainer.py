@@ -10,8 +10,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from liger_registry.integrations.liger_config import overrides_from_liger_kernel_config
+from liger_registry.integrations.trainer_flag import flag_routed
 from liger_registry.registry.applier import PatchHandle, apply, patch_handle
 from liger_registry.registry.configure import model_type_of, unwrap_model
+from liger_registry.registry.errors import RegistryError
 
 
 class LigerRegistryCallback(TrainerCallback):
@@ -21,7 +23,9 @@ class LigerRegistryCallback(TrainerCallback):
     With `Trainer(model_init=...)` the Trainer builds a fresh model in `train()`: this callback patches it at
     `on_train_begin` (and the first model at `on_init_end`, for `evaluate()` without training). Wrappers (PEFT,
     DDP, FSDP1, torch.compile) are looked through. Options are those of `liger_registry.apply`, plus
-    `liger_kernel_config`, the dict users pass to TrainingArguments, translated to overrides.
+    `liger_kernel_config`, the dict users pass to TrainingArguments, translated to overrides. The Trainer's own
+    `args.liger_kernel_config` is read too (keys given to the callback win); `args.use_liger_kernel=True` is
+    refused unless training runs inside `use_liger_kernel_flag()` (else Trainer would apply liger-kernel too).
     """
 
     def __init__(
@@ -35,7 +39,26 @@ class LigerRegistryCallback(TrainerCallback):
         self.policy, self.strict, self.overrides = policy, strict, dict(overrides)
         self.liger_kernel_config = dict(liger_kernel_config or {})
         overrides_from_liger_kernel_config(self.liger_kernel_config)  # bad keys fail here, not mid-training
+        self.args_config: dict[str, Any] = {}
         self.handles: list[PatchHandle] = []
+
+    def read_args(self, args: Any) -> None:
+        """Takes the Trainer's own `liger_kernel_config` (the callback's own keys win) and refuses
+        `use_liger_kernel=True` unless it is routed to liger_registry."""
+        if getattr(args, "use_liger_kernel", False) and not flag_routed():
+            raise RegistryError(
+                "TrainingArguments(use_liger_kernel=True) with LigerRegistryCallback: Trainer.train() would also "
+                "apply the liger-kernel package (an ImportError without it; with it, its patches over "
+                "liger_registry's)",
+                [
+                    "set use_liger_kernel=False: this callback reads args.liger_kernel_config itself",
+                    "or build and train the Trainer inside `with liger_registry.integrations."
+                    "use_liger_kernel_flag():`, which routes the flag to liger_registry",
+                ],
+            )
+        config = dict(getattr(args, "liger_kernel_config", None) or {})
+        overrides_from_liger_kernel_config(config)
+        self.args_config = config
 
     def patch(self, model: Any) -> PatchHandle | None:
         if model is None:
@@ -44,15 +67,18 @@ class LigerRegistryCallback(TrainerCallback):
         existing = patch_handle(inner)
         if existing is not None:
             return existing
-        from_config = overrides_from_liger_kernel_config(self.liger_kernel_config, model_type_of(inner))
+        config = {**self.args_config, **self.liger_kernel_config}
+        from_config = overrides_from_liger_kernel_config(config, model_type_of(inner))
         handle = apply(inner, policy=self.policy, strict=self.strict, **{**from_config, **self.overrides})
         self.handles.append(handle)
         return handle
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
+        self.read_args(args)
         self.patch(model)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.read_args(args)
         self.patch(model)
 
     def revert(self) -> None:

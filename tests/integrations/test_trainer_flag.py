@@ -1,0 +1,126 @@
+"""A real Trainer with `TrainingArguments(use_liger_kernel=..., liger_kernel_config=...)`: the callback reads the
+Trainer's own config; `use_liger_kernel=True` routed to liger_registry (liger-kernel is not installed here)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import transformers.trainer
+from integration_helpers import args, count_calls, losses, rows
+from transformers import Trainer
+
+import liger_registry as L
+from liger_registry.integrations import LigerRegistryCallback, use_liger_kernel_flag
+from liger_registry.testing import tiny_model
+
+HOOK = transformers.trainer.apply_liger_kernel
+
+
+def _kernels(model) -> set[str]:
+    return {r.kernel for r in L.patch_handle(model).report.patched}
+
+
+def _reference(tmp_path) -> list[float]:
+    model = tiny_model("llama")
+    trainer = Trainer(model=model, args=args(tmp_path), train_dataset=rows(model))
+    trainer.train()
+    return losses(trainer)
+
+
+def test_callback_reads_the_trainers_liger_kernel_config(tmp_path):
+    reference = _reference(tmp_path)
+    model = tiny_model("llama")
+    callback = LigerRegistryCallback()
+    config = {"swiglu": False, "rope": True, "label_smoothing": 0.0}
+    trainer = Trainer(
+        model=model,
+        args=args(tmp_path, liger_kernel_config=config),
+        train_dataset=rows(model),
+        callbacks=[callback],
+    )
+    assert "swiglu" not in _kernels(model) and {"rms_norm", "rope", "forward"} <= _kernels(model)
+    with count_calls(model.lm_head) as calls:
+        trainer.train()
+    assert calls == []
+    assert losses(trainer) == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    callback.revert()
+
+
+def test_callbacks_own_keys_win_over_the_trainers():
+    callback = LigerRegistryCallback(liger_kernel_config={"swiglu": True, "rms_norm": False})
+    model = tiny_model("llama")
+    Trainer(model=model, args=args("unused", liger_kernel_config={"swiglu": False}), callbacks=[callback])
+    assert "swiglu" in _kernels(model) and "rms_norm" not in _kernels(model)
+    callback.revert()
+
+
+def test_bad_key_in_the_trainers_config_fails_when_the_trainer_is_built():
+    with pytest.raises(L.RegistryError, match="unknown key 'swigl'"):
+        Trainer(
+            model=tiny_model("llama"),
+            args=args("unused", liger_kernel_config={"swigl": True}),
+            callbacks=[LigerRegistryCallback()],
+        )
+
+
+def test_use_liger_kernel_with_the_callback_says_what_to_do():
+    model = tiny_model("llama")
+    with pytest.raises(L.RegistryError, match="use_liger_kernel=False") as info:
+        Trainer(model=model, args=args("unused", use_liger_kernel=True), callbacks=[LigerRegistryCallback()])
+    assert "use_liger_kernel_flag" in str(info.value)
+    assert L.patch_handle(model) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed")
+def test_use_liger_kernel_without_the_route_is_transformers_import_error(tmp_path):
+    model = tiny_model("llama")
+    trainer = Trainer(model=model, args=args(tmp_path, use_liger_kernel=True), train_dataset=rows(model))
+    with pytest.raises(ImportError, match="liger-kernel"):
+        trainer.train()
+
+
+def test_use_liger_kernel_flag_routes_the_trainer_to_the_registry(tmp_path):
+    reference = _reference(tmp_path)
+    model = tiny_model("llama")
+    config = {"swiglu": False, "chunk_mem_const": 2}
+    trainer = Trainer(
+        model=model,
+        args=args(tmp_path, use_liger_kernel=True, liger_kernel_config=config),
+        train_dataset=rows(model),
+    )
+    with use_liger_kernel_flag() as handles:
+        assert transformers.trainer.apply_liger_kernel is not HOOK
+        with count_calls(model.lm_head) as calls:
+            trainer.train()
+    assert transformers.trainer.apply_liger_kernel is HOOK  # restored
+    assert len(handles) == 1 and L.patch_handle(model) is handles[0]
+    assert "swiglu" not in _kernels(model)
+    assert calls == []
+    assert losses(trainer) == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    # loss-only evaluation: Trainer passes skip_logits=True under use_liger_kernel, the patched forward takes it
+    eval_trainer = Trainer(
+        model=model,
+        args=args(tmp_path, use_liger_kernel=True, prediction_loss_only=True),
+        eval_dataset=rows(model),
+    )
+    with count_calls(model.lm_head) as calls:
+        assert eval_trainer.evaluate()["eval_loss"] > 0
+    assert calls == []
+    L.revert(model)
+
+
+def test_route_with_the_callback_patches_once(tmp_path):
+    model = tiny_model("llama")
+    callback = LigerRegistryCallback(liger_kernel_config={"rms_norm": False})
+    with use_liger_kernel_flag() as handles:
+        trainer = Trainer(
+            model=model,
+            args=args(tmp_path, use_liger_kernel=True),
+            train_dataset=rows(model),
+            callbacks=[callback],
+        )
+        trainer.train()
+    assert handles == [] and len(callback.handles) == 1  # the callback patched first; the hook left it
+    assert "rms_norm" not in _kernels(model)
+    callback.revert()
