@@ -14,6 +14,7 @@ from torch import nn
 from liger_registry.registry.backends import decide_backends
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.errors import PatchError, RegistryError
+from liger_registry.registry.foreign import refuse_foreign
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.registry.plan import Planned, make_plan
 from liger_registry.registry.report import PatchReport, Replacement, _name
@@ -163,6 +164,7 @@ def apply(
         plan = make_plan(config, model)
     except RegistryError as exc:
         raise PatchError(f"liger_registry: cannot patch family {config.family!r}: {exc}") from exc
+    refuse_foreign(plan, model, config.entry)
     warned = _complain(problems + plan.problems, strict, config.family)
     handle = PatchHandle(PatchReport(config.family, "class-wide" if is_type else "instance", config), key)
     handle.report.skipped.update(plan.skipped)
