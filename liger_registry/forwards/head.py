@@ -68,16 +68,24 @@ def head_parameters(lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
     return _lora_parameters(head)
 
 
+def _zero3_partitioned(module: nn.Module) -> bool:
+    """DeepSpeed ZeRO-3 partitions the module's own parameters (they carry a `ds_id`; their data is gathered
+    by DeepSpeed's hooks around the module's forward)."""
+    return any(getattr(p, "ds_id", None) is not None for p in module.parameters(recurse=False))
+
+
 def _sharded_head(lm_head: nn.Module) -> tuple[nn.Module, nn.Module] | None:
-    """(module to call, module whose forward to run) when FSDP shards the head on its own.
+    """(module to call, module whose forward to run) when FSDP or DeepSpeed ZeRO-3 shards the head.
 
     Outside its own forward such a head holds only a shard (FSDP2: DTensor parameters; FSDP1: a flat
-    parameter): the full weight exists only while the head is being called.
+    parameter; ZeRO-3: an empty placeholder): the full weight exists only while the head is being called.
     """
     if type(lm_head).__name__ == "FullyShardedDataParallel" and isinstance(
         getattr(lm_head, "module", None), nn.Module
     ):
         return lm_head, lm_head.module
+    if _zero3_partitioned(lm_head):
+        return lm_head, lm_head
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without distributed
@@ -88,8 +96,9 @@ def _sharded_head(lm_head: nn.Module) -> tuple[nn.Module, nn.Module] | None:
 def call_fused_head(lm_head: nn.Module, hidden: torch.Tensor, compute: Callable[..., Any]) -> Any | None:
     """`compute(hidden, weight, bias)` with the head's full weight, or None when the head cannot be fused.
 
-    A head that FSDP shards on its own is called, with `compute` as its forward for that one call: FSDP
-    gathers the weight before it and reduces the weight's gradient after, as for any other forward.
+    A head that FSDP shards on its own, or whose parameters ZeRO-3 partitions, is called, with `compute` as its
+    forward for that one call: FSDP / DeepSpeed gather the weight before it and reduce the weight's gradient
+    after, as for any other forward.
     """
     sharded = _sharded_head(lm_head)
     if sharded is None:

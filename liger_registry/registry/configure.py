@@ -9,11 +9,12 @@ from liger_registry.registry.errors import PatchError
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.registry.resolve import ResolvedConfig, resolve
 
-_MODULE_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
+_MODULE_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "DeepSpeedEngine")
 
 
 def unwrap_model(model: Any) -> Any:
-    """The transformers model inside torch.compile, PEFT (get_base_model), DDP/DataParallel and FSDP1 wrappers."""
+    """The transformers model inside torch.compile, PEFT (get_base_model), DDP/DataParallel, FSDP1 and DeepSpeed
+    engine wrappers."""
     for _ in range(8):
         if hasattr(model, "_orig_mod"):
             model = model._orig_mod

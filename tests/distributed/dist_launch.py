@@ -22,7 +22,13 @@ def free_port() -> int:
 
 
 def launch(
-    tmp_path: Path, modes: list[str], nproc: int, device: str = "cpu", timeout: int = 240
+    tmp_path: Path,
+    modes: list[str],
+    nproc: int,
+    device: str = "cpu",
+    timeout: int = 240,
+    worker: Path = WORKER,
+    env_extra: dict[str, str] | None = None,
 ) -> list[dict]:
     env = {
         **os.environ,
@@ -30,6 +36,7 @@ def launch(
         "OUT_DIR": str(tmp_path),
         "WORKER_DEVICE": device,
         "OMP_NUM_THREADS": "1",
+        **(env_extra or {}),
     }
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     command = [
@@ -38,7 +45,7 @@ def launch(
         "torch.distributed.run",
         f"--nproc_per_node={nproc}",
         f"--master_port={free_port()}",
-        str(WORKER),
+        str(worker),
         ",".join(modes),
     ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
