@@ -165,6 +165,45 @@ def _flce_ref64(
     return ce + zl.sum() / valid.sum()
 
 
+def _token_scaled_ref64(hidden, weight, target, *, label_smoothing=0.0, softcap=None, lse_square_scale=0.0):
+    """Per-token loss times the detached target probability, mean over non-ignored tokens (float64)."""
+    z = hidden @ weight.t()
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    valid = target != -100
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    ce = F.cross_entropy(z, safe, label_smoothing=label_smoothing, reduction="none")
+    lse = torch.logsumexp(z, -1)
+    p = torch.softmax(z, -1).gather(1, safe[:, None]).squeeze(1).detach()
+    rows = torch.where(valid, (ce + lse_square_scale * lse * lse) * p, torch.zeros_like(ce))
+    return rows.sum() / valid.sum()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("strategy", ["tokens", "vocab"])
+def test_flce_token_scaling(dtype, strategy):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, h, v = 2051, 1024, 32007
+    hidden = torch.randn(n, h, device="cuda", generator=g)
+    weight = torch.randn(v, h, device="cuda", generator=g) * 0.05
+    target = torch.randint(0, v, (n,), device="cuda", generator=g)
+    target[::7] = -100
+    opts = {"label_smoothing": 0.1, "softcap": 15.0, "lse_square_scale": 1e-4}
+    ins = [_leaf(hidden, dtype), _leaf(weight, dtype)]
+    out = K.fused_linear_cross_entropy(
+        *ins, target, strategy=strategy, use_token_scaling=True, accum_dtype=torch.float32, **opts
+    )
+    ref_in = [_leaf(t.to(dtype), torch.float64) for t in (hidden, weight)]
+    ref = _token_scaled_ref64(*ref_in, target, **opts)
+    case = f"flce {strategy} token_scaling"
+    _check(case, "loss", out, ref, dtype)
+    go = torch.tensor(1.3, device="cuda")
+    for name, a, e in zip(
+        ["d_hidden", "d_weight"], _grads(out, ins, go), _grads(ref, ref_in, go.double()), strict=True
+    ):
+        _check(case, name, a, e, dtype)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("strategy", ["tokens", "vocab"])
 def test_flce_edges(dtype, strategy):
