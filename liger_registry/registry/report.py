@@ -67,8 +67,14 @@ class PatchReport:
                 if flce.max_chunk_mib is not None
                 else f"chunk_mem_const={flce.chunk_mem_const}"
             )
+            options = [
+                f"{name}={getattr(flce, name)}"
+                for name in ("lse_square_scale", "label_smoothing", "accum_dtype", "use_token_scaling")
+                if getattr(flce, name) not in (None, False, 0, 0.0)
+            ]
             return (
-                f"training loss: fused_linear_cross_entropy ({budget}, strategy={flce.strategy}), no logits"
+                f"training loss: fused_linear_cross_entropy ({', '.join([budget, f'strategy={flce.strategy}', *options])}), "
+                "no logits"
             )
         return "training loss: from materialised logits (fused_linear_cross_entropy off); skip_logits still honoured"
 

@@ -81,7 +81,10 @@ def test_policy_file_sets_the_options(tmp_path):
         "flce: {lse_square_scale: 0.001, label_smoothing: 0.1, use_token_scaling: true, accum_dtype: float32}\n"
     )
     reference, model = tiny_model("llama"), tiny_model("llama")
-    liger_registry.apply(model, policy=str(policy))
+    handle = liger_registry.apply(model, policy=str(policy))
+    assert "lse_square_scale=0.001, label_smoothing=0.1, accum_dtype=float32, use_token_scaling=True" in (
+        handle.report.loss_line()
+    )
     explanation = liger_registry.explain("llama", policy=str(policy))
     assert explanation.source("flce.use_token_scaling").name == "zloss"
     _check(model, reference, OPTIONS, tiny_batch(model, seq=12))
