@@ -56,6 +56,40 @@ def graph_ms(fn, grads) -> float:
     return median_ms(graph.replay)
 
 
+def launch_us() -> dict:
+    """Host microseconds per launch (queued behind a GPU sleep): the vocab loop's row kernel and a cuBLAS GEMM."""
+    from liger_registry.kernels.flce_options import FlceOptions
+    from liger_registry.kernels.flce_vocab_rows import new_state
+    from liger_registry.kernels.triton_flce_vocab import stats_update_triton
+
+    n, width = 256, 1024
+    buf = torch.randn(n, width, device="cuda").bfloat16()
+    a = torch.randn(n, 256, device="cuda").bfloat16()
+    b = torch.randn(width, 256, device="cuda").bfloat16()
+    target = torch.randint(0, width, (n,), device="cuda")
+    state = new_state(n, buf.device)
+    opts = FlceOptions()
+    calls = {
+        "stats_kernel": lambda: stats_update_triton(
+            buf, 0, target, state, opts=opts, class_weights=None, argmax=False
+        ),
+        "mm_out": lambda: torch.mm(a, b.t(), out=buf),
+        "view_slice": lambda: b[0:512],
+    }
+    out = {}
+    for name, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(500_000_000)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            fn()
+        out[name] = (time.perf_counter() - t0) / 200 * 1e6
+        torch.cuda.synchronize()
+    print("host us per launch:", out, flush=True)
+    return out
+
+
 def case(shape: str, bt: int) -> dict:
     h, v = SHAPES[shape]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -92,6 +126,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", default="gpt_oss:2048,llama:2048,llama:4096,gpt_oss:4096")
     args = p.parse_args()
+    launches = launch_us()
     rows = [case(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
     print(
         f"{'case':<16}{'unpatched':>10}{'vocab (3 repeats)':>26}{'host issue':>11}{'gpu kern':>9}{'graph':>9}"
@@ -104,7 +139,7 @@ def main() -> None:
             f"{r['shape'] + ' ' + str(r['bt']):<16}{r['unpatched_ms']:>10.2f}{reps:>26}"
             f"{r['vocab_host_issue_ms']:>11.2f}{r['vocab_gpu_kernel_ms']:>9.2f}{gtxt:>9}"
         )
-    write_json("probe_vocab_loop.json", {"rows": rows})
+    write_json("probe_vocab_loop.json", {"rows": rows, "host_us_per_launch": launches})
 
 
 if __name__ == "__main__":
