@@ -14,6 +14,7 @@ from .grpo import grpo_loss
 from .head_options import HeadOptions
 from .kto import kto_loss, kto_reference_kl
 from .logprobs import TokenLogProbs, next_token_target, reference_log_probs, token_log_probs
+from .model_head import ModelHead, model_head
 from .orpo import orpo_loss
 from .output import AlignmentOutput
 from .simpo import simpo_loss
@@ -23,12 +24,14 @@ __all__ = [
     "GRPO_LOSS_TYPES",
     "AlignmentOutput",
     "HeadOptions",
+    "ModelHead",
     "TokenLogProbs",
     "distillation_loss",
     "dpo_loss",
     "grpo_loss",
     "kto_loss",
     "kto_reference_kl",
+    "model_head",
     "next_token_target",
     "orpo_loss",
     "reference_log_probs",

@@ -63,10 +63,12 @@ def token_log_probs(
     target: torch.Tensor,
     bias: torch.Tensor | None = None,
     options: HeadOptions | None = None,
+    **head_options,
 ) -> TokenLogProbs:
     """Log-probs [B, T] of ``target`` [B, T] under ``softcap((hidden @ weight.T + bias) * scale) / T`` with
-    ``hidden`` [B, T, H], differentiable in hidden, weight and bias, never materialising [B*T, V]."""
-    options = options or HeadOptions()
+    ``hidden`` [B, T, H], differentiable in hidden, weight and bias, never materialising [B*T, V].
+    Options: one :class:`HeadOptions` or its fields as keywords."""
+    options = _options(options, head_options)
     _check(hidden, weight, target, bias)
     target = target.to(device=hidden.device, dtype=torch.int64)
     mask = target != options.ignore_index
@@ -88,11 +90,19 @@ def reference_log_probs(
     target: torch.Tensor,
     bias: torch.Tensor | None = None,
     options: HeadOptions | None = None,
+    **head_options,
 ) -> TokenLogProbs:
     """:func:`token_log_probs` of a frozen reference head (no graph, no gradients)."""
+    options = _options(options, head_options)
     if hidden is None or weight is None:
         raise ValueError("a reference head needs both ref_hidden and ref_weight")
     return token_log_probs(hidden.detach(), weight.detach(), target, _detach(bias), options)
+
+
+def _options(options: HeadOptions | None, fields: dict) -> HeadOptions:
+    if options is not None and fields:
+        raise TypeError(f"pass options= or its fields ({', '.join(fields)}), not both")
+    return options if options is not None else HeadOptions(**fields)
 
 
 def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
