@@ -92,3 +92,28 @@ def test_unsupported_dpo_options_are_refused(tmp_path):
     model, ref = tiny_model("llama"), tiny_model("llama")
     with pytest.raises(ValueError, match="loss_type"):
         _trainer(FusedDPOTrainer, tmp_path, model, ref, loss_type=["ipo"])
+
+
+def test_a_peft_model_uses_its_reference_adapter_like_trl(tmp_path):
+    peft = pytest.importorskip("peft")
+
+    def lora():
+        config = peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        )
+        return peft.get_peft_model(tiny_model("llama", seed=0), config)
+
+    torch.manual_seed(0)
+    fused = _trainer(FusedDPOTrainer, tmp_path, lora(), None)
+    torch.manual_seed(0)
+    plain = _trainer(trl.DPOTrainer, tmp_path, lora(), None)
+    for trainer in (fused, plain):  # TRL copies the adapter as "ref": move the trained one away from it
+        assert "ref" in trainer.model.peft_config
+        for name, p in trainer.model.named_parameters():
+            if "lora_B.default" in name:
+                p.data.add_(0.5)
+    inputs = next(iter(fused.get_train_dataloader()))
+    got = fused.compute_loss(fused.model, inputs)
+    want = plain.compute_loss(plain.model, inputs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert abs(got.item() - 0.6931) > 1e-3  # the policy is not its reference
