@@ -126,17 +126,18 @@ def _grads(hidden, w_dt, target, chunks, coefs, grad_inplace, kw, need):
     out_dtype_ok = _has_out_dtype(device.type)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=device) if need_dw else None
     db = torch.empty(v, dtype=torch.float32, device=device) if need_db else None
+    dw_rows = [None if dw is None else dw[c.start : c.start + c.w.shape[0]] for c in chunks]
+    db_rows = [None if db is None else db[c.start : c.start + c.w.shape[0]] for c in chunks]
     # in reverse: the last chunk's logits are still in the buffer (the statistics kernel only reads them)
     for i, c in enumerate(reversed(chunks)):
         buf = c.buf if i == 0 else _logits(hidden, c)
         grad_inplace(buf, c.start, target, coefs, **kw)
-        e = c.start + buf.shape[1]
         if acc is not None:
             accumulate_fp32(acc, buf, c.w, i == 0, out_dtype_ok)
         if need_dw:
-            torch.mm(buf.t(), hidden, out=dw[c.start : e])
+            torch.mm(buf.t(), hidden, out=dw_rows[-1 - i])
         if need_db:
-            torch.sum(buf, 0, dtype=torch.float32, out=db[c.start : e])
+            torch.sum(buf, 0, dtype=torch.float32, out=db_rows[-1 - i])
     dh = None
     if need_dh:
         dh = (
