@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_utils as tu
+
 BLOCK = 4096
 PROGRAMS_PER_SM = 4
 
@@ -31,8 +33,7 @@ def _scale_unless_one_kernel(X, G, n, BLOCK: tl.constexpr):
 
 
 def _programs(device: torch.device, n: int) -> int:
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(n, BLOCK), sms * PROGRAMS_PER_SM))
+    return max(1, min(triton.cdiv(n, BLOCK), tu.sm_count(device) * PROGRAMS_PER_SM))
 
 
 @torch.no_grad()
