@@ -47,7 +47,10 @@ def rebind(
     not hold the function it wraps in a closure cell (then it cannot be copied around the change)."""
     chain = _chain(method)
     inner = chain[-1]
-    global_names = {**vars(module), name: replacement}  # a snapshot of the module's globals, one name changed
+    # A snapshot of the module's globals with one name changed. Without `__name__`: torch.compile reads the globals
+    # of a dict that names a module from that module (where `name` is the original), and this dict by identity.
+    global_names = {k: v for k, v in vars(module).items() if k != "__name__"}
+    global_names[name] = replacement
     copied = _copy(
         inner, global_names if inner.__globals__ is vars(module) else inner.__globals__, inner.__closure__
     )
