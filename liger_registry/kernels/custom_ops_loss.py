@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from . import ce_torch
+from .backward_once import check_backward
 from .ce_rows import ce_rows_for
 from .cross_entropy import reduce_ce
 from .custom_ops import NS, _call, _eager_function
@@ -109,6 +110,7 @@ def _ce_setup(ctx, inputs, output):
 
 
 def _ce_backward(ctx, grad, _gz, _gg):
+    check_backward(ctx, "cross_entropy", once=True)
     (g,) = ctx.saved_tensors
     (_scale_rows_impl if getattr(ctx, "eager", False) else scale_rows_)(g, grad)
     return g, None, None, None, None, None, None, None, None, None
