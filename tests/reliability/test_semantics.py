@@ -57,3 +57,19 @@ def test_tuple_output_keeps_positions_without_logits(cases, llama, use_cache):
     torch.testing.assert_close(with_logits[1], unpatched[1], rtol=1e-5, atol=1e-5)
     assert [type(v) for v in out[2:]] == [type(v) for v in unpatched[2:]]
     cases.tried(2)
+
+
+def test_float64_model_loss_dtype_and_value_as_unpatched(cases):
+    """transformers' loss upcasts logits with .float(), so a float64 model's loss is float32 unpatched too: the
+    fused loss has the same dtype and value, and the gradients come back in float64."""
+    model = tiny_model("llama", dtype=torch.float64)
+    model.train()
+    batch = tiny_batch(model)
+    reference = model(**batch).loss
+    with L.patched(model):
+        fused = model(**batch).loss
+        fused.backward()
+    assert fused.dtype == reference.dtype
+    torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
+    assert all(p.grad.dtype == torch.float64 for p in model.parameters() if p.grad is not None)
+    cases.tried(1)
