@@ -2,7 +2,7 @@
 # One device call: install the wheels carried in .whl/, then the chosen parts; one log + JSON/PNG under $OUT
 # (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
-#   tests          kernel GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py)
+#   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
 #   parity         bf16 GPU parity suite (tests/convergence -k gpu), strategy as planned
 #   parity-tokens  the same with every apply() forcing the token-chunked FLCE; parity-vocab: vocab-chunked
 #   flce / flce-quick   benchmarks/bench_flce.py (full sweep < 6 min / ~1 min subset)
@@ -41,7 +41,7 @@ part() {  # part NAME LIMIT_S TAIL_LINES COMMAND...
 for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-240}" 30 \
-             python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py tests/kernels/test_gpu_variants.py ;;
+             python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py tests/kernels/test_gpu_variants.py tests/alignment/test_gpu_alignment.py ;;
     parity) part parity "${T_PARITY:-300}" 60 python3 -m pytest -q -p no:cacheprovider tests/convergence -k gpu ;;
     parity-tokens|parity-vocab)
       FORCE_FLCE_STRATEGY=${p#parity-} PYTHONPATH=$PYTHONPATH:$PWD/benchmarks part "$p" "${T_PARITY:-300}" 60 \

@@ -146,7 +146,15 @@ def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> An
     result = ctx.output_class(**values)
     if named.get("token_accuracy") is not None:
         result["token_accuracy"] = named["token_accuracy"]  # a ModelOutput item and attribute, as liger's
-    return result if named.get("return_dict", True) is not False else result.to_tuple()
+    return result if named.get("return_dict", True) is not False else as_tuple(result)
+
+
+def as_tuple(output: Any) -> tuple:
+    """The output as transformers' `to_tuple()` (None values left out), except `logits`: None where the forward
+    skipped them, so each value keeps its position (`out[1]` is the logits or None, never the cache)."""
+    fields = [k for k in output.__dataclass_fields__ if k == "logits" or output.get(k) is not None]
+    extra = [k for k in output.keys() if k not in fields]  # e.g. token_accuracy, set as an item
+    return tuple(output.get(k) for k in fields + extra)
 
 
 @register_forward("causal_lm", "Dense causal LM: decoder, then FLCE (no logits) or lm_head logits + HF loss.")

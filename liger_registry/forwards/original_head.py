@@ -33,4 +33,8 @@ def original_head(model, ctx: ForwardContext, *args, skip_logits: bool | None = 
     outputs = ctx.original(model, *args, **kwargs)
     if skip:
         outputs = _without_logits(outputs)
-    return outputs.to_tuple() if tuple_out else outputs
+    if not tuple_out:
+        return outputs
+    from liger_registry.forwards.causal_lm import as_tuple
+
+    return as_tuple(outputs) if skip else outputs.to_tuple()

@@ -6,12 +6,14 @@ import torch
 from torch import Tensor
 
 from . import ce_torch
+from .backward_once import check_backward
 from .ce_rows import ce_rows_for
 from .cross_entropy import reduce_ce
 from .custom_ops import NS, _call, _eager_function
 from .flce_loop import flce_compute
 from .flce_run import FlceRun
 from .jsd_loop import fljsd_compute
+from .scale_unless_one import scale_unless_one_
 
 
 # ---------------------------------------------------------------- cross entropy over logits rows
@@ -90,9 +92,7 @@ def _(
 def _scale_rows_impl(grad: Tensor, grad_output: Tensor) -> None:
     """grad *= grad_output, in place: a scalar (skipped when it is 1) or one factor per row."""
     if grad_output.dim() == 0:
-        if bool(torch.equal(grad_output, torch.ones_like(grad_output))):
-            return
-        grad.mul_(grad_output.to(grad.dtype))
+        scale_unless_one_(grad, grad_output)
     else:
         grad.mul_(grad_output.to(grad.dtype)[:, None])
 
@@ -110,6 +110,7 @@ def _ce_setup(ctx, inputs, output):
 
 
 def _ce_backward(ctx, grad, _gz, _gg):
+    check_backward(ctx, "cross_entropy", once=True)
     (g,) = ctx.saved_tensors
     (_scale_rows_impl if getattr(ctx, "eager", False) else scale_rows_)(g, grad)
     return g, None, None, None, None, None, None, None, None, None
@@ -227,13 +228,11 @@ def flce_run_forward(hidden, weight, target, bias, class_weights, row_grad, need
 
 
 def _scale_grads_impl(dh: Tensor | None, dw: Tensor | None, db: Tensor | None, grad_output: Tensor) -> None:
-    """Scales the precomputed gradients in place by the (scalar) grad_output; a no-op when it is 1 (one check
-    per call, in backward)."""
-    if bool(torch.equal(grad_output, torch.ones_like(grad_output))):
-        return
+    """Scales the precomputed gradients in place by the (scalar) grad_output; a no-op when it is 1, decided on
+    the device (``scale_unless_one``: no host sync)."""
     for t in (dh, dw, db):
         if t is not None and t.numel():
-            t.mul_(grad_output.to(t.dtype))
+            scale_unless_one_(t, grad_output)
 
 
 flce_scale_grads_ = torch.library.custom_op(

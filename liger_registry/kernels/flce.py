@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from .backward_once import check_backward
 from .custom_ops_loss import flce_run_forward, flce_scale_grads
 from .flce_options import FlceOptions, options_from
 from .flce_planner import FlcePlan, plan_for
@@ -61,6 +62,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *_):
+        check_backward(ctx, "fused_linear_cross_entropy", once=ctx.grads_now)
         need_dh, need_dw, need_db = ctx.need
         if ctx.grads_now:
             dh, dw, db = ctx.saved_tensors

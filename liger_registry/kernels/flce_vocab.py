@@ -12,6 +12,7 @@ buffer), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` 
 from __future__ import annotations
 
 from functools import cache
+from typing import NamedTuple
 
 import torch
 
@@ -55,18 +56,32 @@ def accumulate_fp32(
         torch.addmm(acc, g.to(acc.dtype), w.to(acc.dtype), beta=beta, out=acc)
 
 
-def _logits(buf_flat, hidden, w_c, b_c):
-    """``hidden @ w_c^T (+ b_c)`` into the front of the flat buffer viewed as [N, width]."""
-    buf = buf_flat[: hidden.shape[0] * w_c.shape[0]].view(hidden.shape[0], w_c.shape[0])
-    if b_c is not None:
-        torch.addmm(b_c, hidden, w_c.t(), out=buf)
+class _Chunk(NamedTuple):
+    """One vocabulary chunk, its views made once per call (the loops are host-bound at 2-4k tokens)."""
+
+    start: int
+    w: torch.Tensor  # [width, H] rows of the weight
+    b: torch.Tensor | None  # [width] of the bias
+    buf: torch.Tensor  # [N, width] view of the front of the logits buffer
+
+
+def _chunks(buf_flat, n: int, w_dt, b_dt, width: int) -> list[_Chunk]:
+    v = w_dt.shape[0]
+    out = []
+    for s in range(0, v, width):
+        e = min(s + width, v)
+        b = None if b_dt is None else b_dt[s:e]
+        out.append(_Chunk(s, w_dt[s:e], b, buf_flat[: n * (e - s)].view(n, e - s)))
+    return out
+
+
+def _logits(hidden, c: _Chunk) -> torch.Tensor:
+    """``hidden @ w_c^T (+ b_c)`` into the chunk's buffer view."""
+    if c.b is not None:
+        torch.addmm(c.b, hidden, c.w.t(), out=c.buf)
     else:
-        torch.mm(hidden, w_c.t(), out=buf)
-    return buf
-
-
-def _spans(v: int, width: int) -> list[tuple[int, int]]:
-    return [(s, min(s + width, v)) for s in range(0, v, width)]
+        torch.mm(hidden, c.w.t(), out=c.buf)
+    return c.buf
 
 
 def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
@@ -74,20 +89,19 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     opts = run.options
     n, h = hidden.shape
     v = weight.shape[0]
-    device = hidden.device
     stats_update, grad_inplace = ROW_KERNELS[run.backend]
-    cv = max(min(run.chunk, v), 1)
-    spans = _spans(v, cv)
+    width = max(min(run.chunk, v), 1)
     w_dt = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
     b_dt = None if bias is None else bias.to(hidden.dtype)
     target = target.contiguous()
     cw = None if class_weights is None else class_weights.contiguous()
     kw = {"opts": opts, "class_weights": cw}
-    buf_flat = torch.empty(n * cv, dtype=hidden.dtype, device=device)
-    state = new_state(n, device)
-    for s, e in spans:
-        buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e])
-        stats_update(buf, s, target, state, argmax=bool(run.argmax_mode), **kw)
+    buf_flat = torch.empty(n * width, dtype=hidden.dtype, device=hidden.device)
+    chunks = _chunks(buf_flat, n, w_dt, b_dt, width)
+    state = new_state(n, hidden.device)
+    argmax = bool(run.argmax_mode)
+    for c in chunks:
+        stats_update(_logits(hidden, c), c.start, target, state, argmax=argmax, **kw)
     zy = (
         target_logits(hidden, weight, target, bias, opts, run.backend) if needs_exact_target(hidden) else None
     )
@@ -98,15 +112,15 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
         p = target_probs_from_lse(coefs.lse, state.zy if zy is None else zy, target, opts.ignore_index)
         ce, zl = ce * p, zl * p
         coefs = coefs._replace(coef=coefs.coef * p, a_s=coefs.a_s * p, sm=coefs.sm * p)
-    dh, dw, db = _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need)
-    argmax = state.best_i if run.argmax_mode else None
+    dh, dw, db = _grads(hidden, w_dt, target, chunks, coefs, grad_inplace, kw, need)
+    best_i = state.best_i if run.argmax_mode else None
     has_z = opts.lse_square_scale != 0.0
     if opts.reduction == "none":
-        return ce, (zl if has_z else None), argmax, dh, dw, db
-    return ce.sum(), (zl.sum() if has_z else None), argmax, dh, dw, db
+        return ce, (zl if has_z else None), best_i, dh, dw, db
+    return ce.sum(), (zl.sum() if has_z else None), best_i, dh, dw, db
 
 
-def _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw, need):
+def _grads(hidden, w_dt, target, chunks, coefs, grad_inplace, kw, need):
     need_dh, need_dw, need_db = need
     if not (need_dh or need_dw or need_db):
         return None, None, None
@@ -117,19 +131,18 @@ def _grads(hidden, w_dt, b_dt, target, spans, buf_flat, coefs, grad_inplace, kw,
     out_dtype_ok = _has_out_dtype(device.type)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=device) if need_dw else None
     db = torch.empty(v, dtype=torch.float32, device=device) if need_db else None
+    dw_rows = [None if dw is None else dw[c.start : c.start + c.w.shape[0]] for c in chunks]
+    db_rows = [None if db is None else db[c.start : c.start + c.w.shape[0]] for c in chunks]
     # in reverse: the last chunk's logits are still in the buffer (the statistics kernel only reads them)
-    for i, (s, e) in enumerate(reversed(spans)):
-        if i == 0:
-            buf = buf_flat[: n * (e - s)].view(n, e - s)
-        else:
-            buf = _logits(buf_flat, hidden, w_dt[s:e], None if b_dt is None else b_dt[s:e])
-        grad_inplace(buf, s, target, coefs, **kw)
+    for i, c in enumerate(reversed(chunks)):
+        buf = c.buf if i == 0 else _logits(hidden, c)
+        grad_inplace(buf, c.start, target, coefs, **kw)
         if acc is not None:
-            accumulate_fp32(acc, buf, w_dt[s:e], i == 0, out_dtype_ok)
+            accumulate_fp32(acc, buf, c.w, i == 0, out_dtype_ok)
         if need_dw:
-            torch.mm(buf.t(), hidden, out=dw[s:e])
+            torch.mm(buf.t(), hidden, out=dw_rows[-1 - i])
         if need_db:
-            torch.sum(buf, 0, dtype=torch.float32, out=db[s:e])
+            torch.sum(buf, 0, dtype=torch.float32, out=db_rows[-1 - i])
     dh = None
     if need_dh:
         dh = (

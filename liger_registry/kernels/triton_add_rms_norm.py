@@ -3,8 +3,6 @@ gives the gradient of both outputs (``ds + d rmsnorm``, shared by x and residual
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -91,23 +89,6 @@ def add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mod
     return s.view(shape), y.view(shape), rstd
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _bwd_grid(n_rows: int, device: torch.device) -> tuple[int, int]:
-    """A few programs per SM, each looping over its rows and keeping one partial dw row."""
-    if device.type == "cuda":
-        progs = min(
-            n_rows, 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        )
-    else:
-        progs = min(n_rows, 4)
-    progs = max(progs, 1)
-    return progs, triton.cdiv(n_rows, progs)
-
-
 def add_rms_norm_bwd(dy, ds, s, weight, rstd, offset: float, casting_mode: str, need_dw: bool):
     """``(d_sum, dw)``: the gradient reaching ``s`` (from ds and through the norm from dy), which is the
     gradient of both x and residual, and the weight's (None unless ``need_dw`` and dy is given)."""
@@ -118,7 +99,7 @@ def add_rms_norm_bwd(dy, ds, s, weight, rstd, offset: float, casting_mode: str, 
     ds2 = tu.contiguous_rows(ds) if ds is not None else s2
     need_dw = need_dw and dy is not None
     dx = torch.empty((n, h), dtype=s.dtype, device=s.device)
-    progs, per = _bwd_grid(n, s.device)
+    progs, per = tu.row_programs(n, s.device)
     dw_part = torch.empty((progs, h), dtype=torch.float32, device=s.device) if need_dw else rstd
     if n:
         block = triton.next_power_of_2(h)

@@ -5,6 +5,8 @@ Same contracts as ``flce_vocab_rows.stats_update_torch`` / ``grad_inplace_torch`
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -133,16 +135,24 @@ def _grad_kernel(
         tl.store(x_ptr + cols, g.to(X.dtype.element_ty), mask=mask)
 
 
+@functools.cache
+def _flags(width: int, has_softcap: bool, has_weight: bool, has_smooth: bool) -> dict:
+    """Launch constants of one chunk width and option set (made once: the loops launch these per chunk)."""
+    block = tu.row_block(width)
+    return dict(
+        HAS_SOFTCAP=has_softcap,
+        HAS_WEIGHT=has_weight,
+        HAS_SMOOTH=has_smooth,
+        BLOCK=block,
+        num_warps=tu.warps_for(block),
+    )
+
+
 def _common(buf: torch.Tensor, opts, class_weights):
     if buf.stride(1) != 1:
         raise ValueError("the logits chunk must have unit column stride")
-    block = tu.row_block(buf.shape[1])
-    flags = dict(
-        HAS_SOFTCAP=opts.softcap is not None,
-        HAS_WEIGHT=class_weights is not None,
-        HAS_SMOOTH=opts.label_smoothing > 0.0,
-        BLOCK=block,
-        num_warps=tu.warps_for(block),
+    flags = _flags(
+        buf.shape[1], opts.softcap is not None, class_weights is not None, opts.label_smoothing > 0.0
     )
     cw = class_weights if class_weights is not None else buf
     scalars = (float(opts.softcap) if opts.softcap is not None else 1.0, float(opts.logit_scale))

@@ -87,26 +87,6 @@ def _rms_bwd_kernel(
         tl.store(DW_PART + pid * n_cols + cols, dw, mask=mask)
 
 
-_SMS: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SMS:
-        _SMS[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SMS[key]
-
-
-def _bwd_grid(n_rows: int, device: torch.device) -> tuple[int, int]:
-    if device.type == "cuda":
-        sms = _sm_count(device)
-        progs = min(n_rows, sms * 4)
-    else:
-        progs = min(n_rows, 4)
-    progs = max(progs, 1)
-    return progs, triton.cdiv(n_rows, progs)
-
-
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
     shape = x.shape
     x2 = tu.contiguous_rows(x)
@@ -144,7 +124,7 @@ def rms_norm_bwd(
         dx = dy2
     else:
         dx = torch.empty((n, h), dtype=x.dtype, device=x.device)
-    progs, per = _bwd_grid(n, x.device)
+    progs, per = tu.row_programs(n, x.device)
     dw_part = torch.empty((progs, h), dtype=torch.float32, device=x.device) if need_dw else rstd
     if n:
         block = triton.next_power_of_2(h)
@@ -278,7 +258,7 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
     dy2 = tu.contiguous_rows(dy)
     n, h = x2.shape
     dx = torch.empty((n, h), dtype=x.dtype, device=x.device)
-    progs, per = _bwd_grid(n, x.device)
+    progs, per = tu.row_programs(n, x.device)
     dw_part = torch.empty((progs, h), dtype=torch.float32, device=x.device) if need_dw else rstd
     db_part = torch.empty((progs, h), dtype=torch.float32, device=x.device) if need_db else rstd
     if n:

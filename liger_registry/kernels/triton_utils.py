@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -49,3 +50,21 @@ def tanh(u):
     e = tl.exp(-2.0 * a)
     t = (1.0 - e) / (1.0 + e)
     return tl.where(u < 0, -t, t)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (looked up once per device)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def row_programs(n_rows: int, device: torch.device) -> tuple[int, int]:
+    """``(programs, rows per program)`` of a row-looping backward: a few programs per SM, each keeping one
+    partial weight-gradient row (4 programs on the CPU interpreter)."""
+    progs = min(n_rows, 4 * sm_count(device)) if device.type == "cuda" else min(n_rows, 4)
+    progs = max(progs, 1)
+    return progs, triton.cdiv(n_rows, progs)

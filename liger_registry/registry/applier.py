@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,106 +13,13 @@ from liger_registry.registry.backends import decide_backends
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.errors import PatchError, RegistryError
 from liger_registry.registry.foreign import refuse_foreign
-from liger_registry.registry.loader import Registry, load_registry
-from liger_registry.registry.plan import Planned, make_plan
-from liger_registry.registry.report import PatchReport, Replacement, _name
+from liger_registry.registry.handle import PatchHandle
+from liger_registry.registry.loader import Registry
+from liger_registry.registry.plan import make_plan
+from liger_registry.registry.record import LOCK, RECORD
+from liger_registry.registry.report import PatchReport
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import version_problem
-
-_MISSING = object()
-
-
-@dataclass
-class _Shared:
-    """A module-wide replacement that several handles may hold at once."""
-
-    original: Any
-    replacement: Any
-    holders: int = 0
-
-
-@dataclass
-class _PatchRecord:
-    """The only global state: what is patched now, so apply is idempotent and revert exact."""
-
-    models: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
-    families: dict[str, PatchHandle] = field(default_factory=dict)
-    shared: dict[tuple[int, str], _Shared] = field(default_factory=dict)
-
-
-_RECORD = _PatchRecord()
-
-
-@dataclass
-class _Applied:
-    planned: Planned
-    previous: Any  # the owner's own attribute before, or _MISSING when it came from the class
-    original: str  # what the attribute resolved to before, for the report
-
-    def replacement(self) -> Replacement:
-        p = self.planned
-        return Replacement(p.kernel, p.scope, p.target, p.attribute, self.original, _name(p.replacement))
-
-
-class PatchHandle:
-    """The result of apply(): its report, and revert() to restore every attribute exactly."""
-
-    def __init__(self, report: PatchReport, key: Any):
-        self.report = report
-        self._key = key
-        self._applied: list[_Applied] = []
-
-    @property
-    def active(self) -> bool:
-        return self._key is not None
-
-    def _install(self, planned: Planned) -> None:
-        owner, attr = planned.owner, planned.attribute
-        original = _name(getattr(owner, attr))
-        if planned.scope == "module":
-            shared = _RECORD.shared.get((id(owner), attr))
-            if shared is None:
-                shared = _Shared(getattr(owner, attr), planned.replacement)
-                _RECORD.shared[(id(owner), attr)] = shared
-                setattr(owner, attr, planned.replacement)
-            shared.holders += 1
-            self._applied.append(_Applied(planned, shared.original, _name(shared.original)))
-            return
-        previous = vars(owner).get(attr, _MISSING)
-        setattr(owner, attr, planned.replacement)
-        self._applied.append(_Applied(planned, previous, original))
-
-    def _uninstall(self, applied: _Applied) -> None:
-        owner, attr = applied.planned.owner, applied.planned.attribute
-        if applied.planned.scope == "module":
-            shared = _RECORD.shared[(id(owner), attr)]
-            shared.holders -= 1
-            if shared.holders == 0:
-                setattr(owner, attr, shared.original)
-                del _RECORD.shared[(id(owner), attr)]
-        elif applied.previous is _MISSING:
-            delattr(owner, attr)
-        else:
-            setattr(owner, attr, applied.previous)
-
-    def revert(self) -> None:
-        """Restore every replaced attribute to the object it held before; a second call does nothing."""
-        while self._applied:
-            self._uninstall(self._applied.pop())
-        if isinstance(self._key, str):
-            _RECORD.families.pop(self._key, None)
-        elif self._key is not None:
-            _RECORD.models.pop(self._key, None)
-        self._key = None
-
-    def __enter__(self) -> PatchHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.revert()
-
-    def __repr__(self) -> str:
-        return f"PatchHandle(family={self.report.family!r}, patched={len(self.report.patched)}, active={self.active})"
 
 
 def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
@@ -125,12 +30,12 @@ def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
             + "\n(pass strict=False to patch what fits and get these as warnings)"
         )
     for problem in problems:
-        warnings.warn(f"liger_registry: {problem}", stacklevel=3)
+        warnings.warn(f"liger_registry: {problem}", stacklevel=4)
     return problems
 
 
 def _existing(key: Any, config: ResolvedConfig) -> PatchHandle | None:
-    handle = _RECORD.families.get(key) if isinstance(key, str) else _RECORD.models.get(key)
+    handle = RECORD.families.get(key) if isinstance(key, str) else RECORD.models.get(key)
     if handle is None:
         return None
     if handle.report.config.values != config.values:
@@ -153,6 +58,13 @@ def apply(
     Overrides are knob names (rms_norm=False, chunk_mem_const=8, skip_logits="never", ...); an unknown one
     is an error. Idempotent: applying the same configuration again returns the same handle.
     """
+    with LOCK:
+        return _apply(model_or_model_type, policy, strict, registry, overrides)
+
+
+def _apply(
+    model_or_model_type, policy, strict: bool, registry: Registry | None, overrides: dict
+) -> PatchHandle:
     config = configure(model_or_model_type, policy, registry, **overrides)
     is_type = isinstance(model_or_model_type, str)
     model = None if is_type else unwrap_model(model_or_model_type)
@@ -177,17 +89,15 @@ def apply(
         raise PatchError(
             f"liger_registry: patching {config.family!r} failed half-way and was rolled back: {exc}"
         ) from exc
-    handle.report.patched = [a.replacement() for a in handle._applied]
+    handle.report.patched = [a.replacement for a in handle._applied]
     if model is not None:
         _decide_backends(handle.report, model)
-    if not is_type and any(a.planned.scope == "module" for a in handle._applied):
-        handle.report.warnings.append(
-            "module-level functions (e.g. rotary embedding) are patched module-wide"
-        )
+    if not is_type and any(a.replacement.scope == "module" for a in handle._applied):
+        handle.report.warnings.append("module-level functions (e.g. cross entropy) are patched module-wide")
     if is_type:
-        _RECORD.families[key] = handle
+        RECORD.families[key] = handle
     else:
-        _RECORD.models[key] = handle
+        RECORD.models[key] = handle
     return handle
 
 
@@ -201,13 +111,8 @@ def _decide_backends(report: PatchReport, model: Any) -> None:
 
 
 def revert(model_or_model_type: nn.Module | str) -> bool:
-    """Take back what apply() installed on this model (or model type); False when nothing was patched."""
-    if isinstance(model_or_model_type, str):
-        registry = load_registry()
-        family = registry.family_for(model_or_model_type).entry.family
-        handle = _RECORD.families.get(family)
-    else:
-        handle = _RECORD.models.get(unwrap_model(model_or_model_type))
+    """Take back what apply() installed on this model (or model type or family); False when nothing was patched."""
+    handle = patch_handle(model_or_model_type)
     if handle is None:
         return False
     handle.revert()
@@ -221,8 +126,9 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
     On a model (or model type) that is already patched the same way the block finds that patch and leaves it in
     place on exit: a block restores exactly the state it found (nested blocks too).
     """
-    active_before = {id(h) for h in (*_RECORD.models.values(), *_RECORD.families.values())}
-    handle = apply(model_or_model_type, **kwargs)
+    with LOCK:
+        active_before = {id(h) for h in RECORD.handles()}
+        handle = apply(model_or_model_type, **kwargs)
     try:
         yield handle
     finally:
@@ -231,6 +137,8 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
 
 
 def patch_handle(model_or_model_type: nn.Module | str) -> PatchHandle | None:
-    if isinstance(model_or_model_type, str):
-        return _RECORD.families.get(model_or_model_type)
-    return _RECORD.models.get(unwrap_model(model_or_model_type))
+    """The active handle of a model, or of a class-wide patch by family name or model type; None when unpatched."""
+    with LOCK:
+        if isinstance(model_or_model_type, str):
+            return RECORD.family_handle(model_or_model_type)
+        return RECORD.models.get(unwrap_model(model_or_model_type))

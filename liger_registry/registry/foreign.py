@@ -34,14 +34,15 @@ def patcher_of(obj: Any) -> str | None:
     return FOREIGN_PATCHERS.get(_code_module(obj).split(".")[0])
 
 
-def _target_classes(entry: FamilyEntry, found: dict[str, str]) -> None:
-    """The family's module-forward targets as the modeling module names them now: a patcher that swapped the
-    class in the module (class-level patching) leaves models built before it unmatched by the target name."""
+def _family_names(entry: FamilyEntry, found: dict[str, str]) -> None:
+    """The family's target classes and functions as the modeling modules name them now: a patcher that swapped
+    a class in the module (class-level patching) leaves models built before it unmatched by the target name, and
+    one that swapped a module function changes every model of the family."""
     for name, kind in KINDS.items():
         spec = getattr(entry.kernels, name)
-        if spec is None or not spec.enabled or not kind.module_forward:
+        if spec is None or not spec.enabled:
             continue
-        for target in spec.targets:
+        for target in spec.targets if kind.module_forward else [kind.function_name(spec)]:
             try:
                 module, attr = resolve_name(entry, target)
             except RegistryError:
@@ -57,7 +58,7 @@ def foreign_patches(plan: Plan, model: nn.Module | None, entry: FamilyEntry) -> 
     """(patcher, what) for every attribute the plan would replace that holds a foreign patcher's code, every
     target class that is one, and (on a model) every module whose class comes from one."""
     found: dict[str, str] = {}
-    _target_classes(entry, found)
+    _family_names(entry, found)
     for planned in plan.replacements:
         current = getattr(planned.owner, planned.attribute, None)
         if patcher := patcher_of(current):

@@ -12,6 +12,7 @@ from torch import nn
 
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
 from liger_registry.registry.errors import RegistryError
+from liger_registry.registry.rebind import calls_function, rebind
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import import_module, moe_problems, resolve_class, resolve_name
 from liger_registry.schemas import KINDS, FamilyEntry, KernelKind
@@ -105,11 +106,42 @@ def _module_kernel(
         )
 
 
-def _function_kernel(plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry) -> None:
+def _function_kernel(
+    plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry, model: nn.Module | None
+) -> None:
     module, attr = resolve_name(entry, kind.function_name(spec))
+    replacement = maker(kind, spec)
+    if model is not None and (callers := _callers(model, module, attr, replacement)):
+        plan.replacements += [
+            Planned(kind.name, "instance", m, "forward", forward, f"{name}.forward({attr})")
+            for name, m, forward in callers
+        ]
+        return
     plan.replacements.append(
-        Planned(kind.name, "module", module, attr, maker(kind, spec), f"{module.__name__}.{attr}")
+        Planned(kind.name, "module", module, attr, replacement, f"{module.__name__}.{attr}")
     )
+
+
+def _callers(model: nn.Module, module: types.ModuleType, attr: str, replacement: Any) -> list | None:
+    """(name, module, forward) for each module of the model whose class's forward calls `module.attr` by name,
+    the forward a copy that calls `replacement` instead; None when there are none or one cannot be copied
+    (then the function is patched module-wide)."""
+    copies: dict[type, Any] = {}
+    callers = []
+    for name, sub in model.named_modules():
+        cls = type(sub)
+        if cls not in copies:
+            method = vars(cls).get("forward") or getattr(cls, "forward", None)
+            copies[cls] = (
+                rebind(method, module, attr, replacement) if calls_function(method, module, attr) else False
+            )
+            if copies[cls]:  # the report names the drop-in, not the copied forward
+                copies[cls].__liger_forward__ = replacement
+        if copies[cls] is None:
+            return None
+        if copies[cls]:
+            callers.append((name or "(root)", sub, copies[cls]))
+    return callers or None
 
 
 def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
@@ -134,7 +166,7 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     if spec.moe and (problems := moe_problems(entry, *holders)):
         plan.problems += [f"{FORWARD}: {p}" for p in problems]
         return
-    ctx = ForwardContext(entry, cls.forward, import_module(entry.module, entry.family))
+    ctx = ForwardContext(entry, original_forward(cls), import_module(entry.module, entry.family))
     bound = bind_forward(spec.fn, ctx)
     if model is None:
         plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))
@@ -142,6 +174,12 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
         )
+
+
+def original_forward(cls: type) -> Any:
+    """The class's forward as transformers defines it, also while a class-wide apply has replaced it."""
+    context = getattr(cls.forward, "__liger_context__", None)
+    return cls.forward if context is None else context.original
 
 
 def never_fuses(forward: str) -> str:
@@ -157,7 +195,7 @@ def _kernel(plan: Plan, resolved: ResolvedConfig, kind: KernelKind, spec: Any, m
     elif kind.module_forward:
         _module_kernel(plan, kind, spec, resolved.entry, model, config)
     else:
-        _function_kernel(plan, kind, spec, resolved.entry)
+        _function_kernel(plan, kind, spec, resolved.entry, model)
 
 
 def language_config(config: Any, entry: FamilyEntry) -> Any:

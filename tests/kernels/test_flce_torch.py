@@ -254,7 +254,7 @@ def test_vocab_pass_two_reuses_the_last_chunk(monkeypatch, bias):
     hidden, weight, target, b = _inputs(n=64, h=16, v=50, bias=bias)
     calls = []
     real = flce_vocab._logits
-    monkeypatch.setattr(flce_vocab, "_logits", lambda *a: calls.append(a[2].shape[0]) or real(*a))
+    monkeypatch.setattr(flce_vocab, "_logits", lambda *a: calls.append(a[1].w.shape[0]) or real(*a))
     k = K.flce_plan(64, 16, 50, strategy="vocab", dtype=torch.float32).num_chunks
     detached = [None if t is None else t.detach() for t in (hidden, weight, b)]
     K.fused_linear_cross_entropy(detached[0], detached[1], target, detached[2], strategy="vocab")

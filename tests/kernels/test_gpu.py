@@ -441,3 +441,39 @@ def test_flce_vocab_fp32_paths_agree(monkeypatch):
         assert _rel(out, ref) < 1e-5 and _rel(d, r) < 1e-2
         results.append(d)
     assert _rel(results[0], results[1]) < 5e-3
+
+
+@pytest.mark.parametrize("strategy", ["tokens", "vocab"])
+def test_flce_step_has_no_host_sync(strategy):
+    """A whole FLCE step (forward + backward) is capturable in a CUDA graph: nothing in it waits for the GPU,
+    so the host can queue ahead (the backward's 'grad_output == 1' check runs on the device). The replay gives
+    the same gradients, and a loss scaled by 0.5 halves them."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(512, 256, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(5000, 256, device="cuda", generator=g) * 0.05).bfloat16().requires_grad_()
+    t = torch.randint(0, 5000, (512,), device="cuda", generator=g)
+    scale = torch.ones((), device="cuda")
+
+    def step():
+        x.grad = w.grad = None
+        (K.fused_linear_cross_entropy(x, w, t, strategy=strategy, chunk_mem_const=1) * scale).backward()
+
+    step()
+    eager = (x.grad.clone(), w.grad.clone())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = w.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        (K.fused_linear_cross_entropy(x, w, t, strategy=strategy, chunk_mem_const=1) * scale).backward()
+    for factor in (1.0, 0.5):
+        scale.fill_(factor)
+        x.grad.zero_()
+        w.grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(x.grad, eager[0] * factor)
+        torch.testing.assert_close(w.grad, eager[1] * factor)

@@ -1,0 +1,40 @@
+"""Alignment and distillation losses through the fused head: DPO, ORPO, SimPO, KTO, GRPO and distillation,
+computed from hidden states and the lm_head weight chunk by chunk (never the full [B*T, V] logits).
+
+Each loss returns an :class:`AlignmentOutput` (``loss``, ``metrics``). Targets are next tokens aligned with
+the hidden states (:func:`next_token_target` from HF-style labels). See docs/alignment.md.
+"""
+
+from __future__ import annotations
+
+from .distillation import DIVERGENCES, distillation_loss
+from .dpo import dpo_loss
+from .grpo import LOSS_TYPES as GRPO_LOSS_TYPES
+from .grpo import grpo_loss
+from .head_options import HeadOptions
+from .kto import kto_loss, kto_reference_kl
+from .logprobs import TokenLogProbs, next_token_target, reference_log_probs, token_log_probs
+from .model_head import ModelHead, model_head
+from .orpo import orpo_loss
+from .output import AlignmentOutput
+from .simpo import simpo_loss
+
+__all__ = [
+    "DIVERGENCES",
+    "GRPO_LOSS_TYPES",
+    "AlignmentOutput",
+    "HeadOptions",
+    "ModelHead",
+    "TokenLogProbs",
+    "distillation_loss",
+    "dpo_loss",
+    "grpo_loss",
+    "kto_loss",
+    "kto_reference_kl",
+    "model_head",
+    "next_token_target",
+    "orpo_loss",
+    "reference_log_probs",
+    "simpo_loss",
+    "token_log_probs",
+]
