@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
 from liger_registry.forwards import get_forward, registered_forwards
+from liger_registry.lint_where import problem_location, source_location, yaml_line
 from liger_registry.registry.applier import apply
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
@@ -33,13 +35,23 @@ class Finding:
     where: str
     message: str
     severity: str = "error"  # error | note (what was proved, or why a proof could not run; exit code 0)
+    file: str | None = None  # the file to fix: the family's YAML, or the forward's source
+    line: int | None = None  # 1-based line in `file`, where known
 
     def __str__(self) -> str:
         tag = self.check if self.severity == "error" else f"{self.check} note"
         return f"{self.where}: [{tag}] {self.message}"
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, str | int | None]:
         return asdict(self)
+
+
+def _in_yaml(findings: list[Finding], path: Path) -> list[Finding]:
+    """Findings without a location get the family file and the line they are about."""
+    return [
+        f if f.file is not None else replace(f, file=str(path), line=yaml_line(path, f.check, f.message))
+        for f in findings
+    ]
 
 
 def _name(fn: Callable) -> str:
@@ -62,6 +74,7 @@ def lint_forward(fn: Callable, original: Callable | None = None) -> list[Finding
     must be accepted (by name, or by *args and **kwargs that the forward binds against the original)."""
     where = _name(fn)
     params = dict(inspect.signature(fn).parameters)
+    file, line = source_location(fn)
     findings = []
     skip = params.get("skip_logits")
     if skip is None or skip.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
@@ -80,7 +93,7 @@ def lint_forward(fn: Callable, original: Callable | None = None) -> list[Finding
                 findings.append(
                     Finding("signature", where, f"does not accept {param.name!r} of {_name(original)}")
                 )
-    return findings
+    return [replace(f, file=file, line=line) for f in findings]
 
 
 def _family_findings(loaded: LoadedFamily) -> list[Finding]:
@@ -108,12 +121,14 @@ def lint(deep: bool = False, registry_dirs: tuple = (), registry: Registry | Non
     try:
         registry = registry or load_registry(*registry_dirs)
     except RegistryError as exc:
-        return findings + [Finding("yaml", "registry", p) for p in exc.problems or [str(exc)]]
+        return findings + [
+            Finding("yaml", "registry", p, "error", *problem_location(p)) for p in exc.problems or [str(exc)]
+        ]
     for loaded in registry.families.values():
-        family_findings = _family_findings(loaded)
+        family_findings = _in_yaml(_family_findings(loaded), loaded.path)
         findings += family_findings
         if deep and not [f for f in family_findings if f.severity == "error"]:
-            findings += deep_check(loaded, registry)
+            findings += _in_yaml(deep_check(loaded, registry), loaded.path)
     return findings
 
 
