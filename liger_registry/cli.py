@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--format", choices=["text", "json"], default="text", help="json: findings with file and line"
     )
+    lint.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="check only this family (repeatable; forwards and YAML files are always checked)",
+    )
     _registry_option(lint)
     _registry_option(sub.add_parser("list", help="families, their kernels and tested transformers versions"))
     show = sub.add_parser("show", help="one family entry, resolved")
@@ -99,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 def _lint(args) -> int:
     from liger_registry.lint import lint
 
-    results = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    results = lint(deep=args.deep, registry_dirs=tuple(args.registry), families=tuple(args.family))
     findings = [f for f in results if f.severity == "error"]
     notes = [f for f in results if f.severity != "error"]
     if args.format == "json":
@@ -118,7 +125,7 @@ def _lint(args) -> int:
     if findings:
         print(f"{len(findings)} finding(s)")
     else:
-        families = len(load_registry(*args.registry).families)
+        families = len(args.family) or len(load_registry(*args.registry).families)
         print(f"well-formed: {families} families, all checks pass" + (" (deep)" if args.deep else ""))
     return 1 if findings else 0
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
+from liger_registry import lint_parity
 from liger_registry.forwards import get_forward, registered_forwards
 from liger_registry.lint_where import problem_location, source_location, yaml_line
 from liger_registry.registry.applier import apply
-from liger_registry.registry.errors import RegistryError, UnsupportedModelError
+from liger_registry.registry.errors import PatchError, RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
 from liger_registry.registry.plan import never_fuses
 from liger_registry.registry.targets import (
@@ -115,8 +116,11 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
     return findings
 
 
-def lint(deep: bool = False, registry_dirs: tuple = (), registry: Registry | None = None) -> list[Finding]:
-    """All findings over the registry; `deep` also runs each family's tiny model through skip_logits."""
+def lint(
+    deep: bool = False, registry_dirs: tuple = (), registry: Registry | None = None, families: tuple = ()
+) -> list[Finding]:
+    """All findings over the registry (only `families`, when named; an unknown name raises
+    UnsupportedModelError); `deep` also runs each family's tiny model (skip_logits and parity)."""
     findings = [f for spec in registered_forwards().values() for f in lint_forward(spec.fn)]
     try:
         registry = registry or load_registry(*registry_dirs)
@@ -124,7 +128,8 @@ def lint(deep: bool = False, registry_dirs: tuple = (), registry: Registry | Non
         return findings + [
             Finding("yaml", "registry", p, "error", *problem_location(p)) for p in exc.problems or [str(exc)]
         ]
-    for loaded in registry.families.values():
+    selected = [registry.family(name) for name in families] or list(registry.families.values())
+    for loaded in selected:
         family_findings = _in_yaml(_family_findings(loaded), loaded.path)
         findings += family_findings
         if deep and not [f for f in family_findings if f.severity == "error"]:
@@ -158,13 +163,20 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
     batch = tiny_batch(model)
     with torch.no_grad():
         reference = model(**batch).loss
+    unpatched = lint_parity.run(model, batch, has_head=True)  # before any apply: RoPE is patched module-wide
     # As configured, and with FLCE off ("never fuse"): the forward owns skip_logits either way.
     variants = {"FLCE on": {}, "FLCE off": {FLCE_KEY: False}} if entry.flce.enabled else {"FLCE off": {}}
     findings = []
     for label, overrides in variants.items():
-        handle = apply(model, registry=registry, **overrides)
+        try:
+            handle = apply(model, registry=registry, **overrides)
+        except PatchError as exc:  # the entry does not fit its own tiny model: a finding, not a crash
+            findings.append(Finding("deep", where, f"{label}: apply refused the tiny model: {exc}"))
+            continue
         try:
             problems = _skip_logits_problems(model, batch, reference, entry.skip_logits)
+            patched_run = lint_parity.run(model, batch, has_head=True, skip_logits=False)
+            problems += lint_parity.differences(patched_run, unpatched, has_head=True)
         except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
             problems = [f"the patched forward raised {type(exc).__name__}: {exc}"]
         finally:
@@ -174,7 +186,13 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
         return findings
     proved = " and ".join(variants)
     return [
-        Finding("deep", note_at, f"skip_logits None/True/False/True-without-labels proved ({proved})", "note")
+        Finding(
+            "deep",
+            note_at,
+            f"skip_logits None/True/False/True-without-labels, and logits, gradients and loss equal to the "
+            f"unpatched model's (fp32), proved ({proved})",
+            "note",
+        )
     ]
 
 
@@ -187,19 +205,29 @@ def _no_head_findings(model, entry, where: str, registry: Registry, note_at: str
         problems.append(f"head: null, but {type(model).__name__} has an lm_head")
     if "labels" in inspect.signature(type(model).forward).parameters:
         problems.append(f"head: null, but {type(model).__name__}.forward takes labels")
-    inputs = {k: v for k, v in tiny_batch(model).items() if k != "labels"}
+    batch = tiny_batch(model)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         if "logits" in model(**inputs):
             problems.append(f"head: null, but {type(model).__name__} returns logits")
     if problems:
         return [Finding("deep", where, p) for p in problems]
-    apply(model, registry=registry).revert()
+    unpatched = lint_parity.run(model, batch, has_head=False)
+    handle = apply(model, registry=registry)
+    try:
+        problems = lint_parity.differences(lint_parity.run(model, batch, has_head=False), unpatched, False)
+    except Exception as exc:  # a crashing kernel is a finding of its family
+        problems = [f"the patched model raised {type(exc).__name__}: {exc}"]
+    finally:
+        handle.revert()
+    if problems:
+        return [Finding("deep", where, p) for p in problems]
     return [
         Finding(
             "deep",
             note_at,
             f"no causal-LM head: {type(model).__name__} has no lm_head, takes no labels and returns no logits "
-            "(proved); kernels only, no forward",
+            "(proved); kernels only, no forward; hidden states and gradients equal to the unpatched model's",
             "note",
         )
     ]
