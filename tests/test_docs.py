@@ -10,6 +10,7 @@ the line before a block may say how to run it:
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -23,7 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 DIRECTIVE = re.compile(r"^<!--\s*(skip-test|test-nproc):\s*(.*?)\s*-->$")
 TIMEOUT_S = 600
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled"}
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "disabled",
+}
 
 
 @dataclass(frozen=True)
@@ -106,3 +112,59 @@ def test_snippet_runs_on_its_own(snippet: Snippet, tmp_path):
         [*launcher, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     assert done.returncode == 0, f"{snippet.id} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+def _read_variables(source: str) -> set[str]:
+    """Names of the environment variables a module reads: `os.environ[X]`, `os.environ.get(X)`,
+    `os.getenv(X)`, with X a string or a module-level string constant."""
+    tree = ast.parse(source)
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+    }
+
+    def is_environ(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+    keys = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_environ(node.value):
+            keys.append(node.slice)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if (func.attr == "get" and is_environ(func.value)) or func.attr == "getenv":
+                keys.append(node.args[0])
+    names = set()
+    for key in keys:
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            names.add(key.value)
+        elif isinstance(key, ast.Name) and key.id in constants:
+            names.add(constants[key.id])
+        else:
+            raise AssertionError(
+                f"an environment variable read through {ast.unparse(key)}: name it in a constant"
+            )
+    return names
+
+
+def test_every_environment_variable_the_package_reads_is_documented():
+    sources = sorted((ROOT / "liger_registry").rglob("*.py"))
+    read = set().union(*(_read_variables(p.read_text(encoding="utf-8")) for p in sources))
+    assert {
+        "LIGER_REGISTRY_BACKEND",
+        "LIGER_REGISTRY_PATH",
+        "TRITON_INTERPRET",
+    } <= read  # the walk finds them
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Environment variables") :]
+    assert sorted(v for v in read if f"| `{v}` |" not in section) == []
+
+
+def test_variable_reads_are_found_through_constants():
+    source = (
+        'import os\nVAR = "A_B"\nx = os.environ.get(VAR, "")\ny = os.environ["C_D"]\nz = os.getenv("E")\n'
+    )
+    assert _read_variables(source) == {"A_B", "C_D", "E"}
