@@ -71,6 +71,7 @@ def _arguments(parser: argparse.ArgumentParser):
     """Every (command, action) of the parser and its subcommands, but the -h that argparse adds itself."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
+            yield from ((f"command {c.dest}", c) for c in action._choices_actions)
             for name, sub in action.choices.items():
                 yield from ((f"{name} {a.dest}", a) for a in sub._actions if a.dest != "help")
         elif action.dest != "help":
