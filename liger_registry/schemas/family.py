@@ -6,15 +6,20 @@ import re
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, PositiveInt, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default, default_list
 from liger_registry.schemas.kernel_kinds import KernelsSpec
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
 FlceStrategy = Literal["auto", "tokens", "vocab"]
-Mib = Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
+Mib = (
+    Annotated[StrictInt, Field(gt=0, le=int(MAX_CHUNK_MIB))]
+    | Annotated[StrictFloat, Field(gt=0, le=MAX_CHUNK_MIB, allow_inf_nan=False)]
+)
+ChunkConst = Annotated[StrictInt, Field(ge=1, le=MAX_CHUNK_MEM_CONST)]
 BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
 
 
@@ -41,9 +46,8 @@ class FlceSpec(StrictModel):
     enabled: StrictBool = Field(
         default("flce.enabled"), description="Compute the training loss without materialising logits."
     )
-    chunk_mem_const: PositiveInt | None = Field(
+    chunk_mem_const: ChunkConst | None = Field(
         default("flce.chunk_mem_const"),
-        strict=True,
         description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks. One budget knob "
         "with max_chunk_mib: setting one clears the other (null when max_chunk_mib is set).",
     )
@@ -68,9 +72,8 @@ class FlceSpec(StrictModel):
 class JsdSpec(StrictModel):
     """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
 
-    chunk_mem_const: PositiveInt = Field(
+    chunk_mem_const: ChunkConst = Field(
         default("fused_linear_jsd.chunk_mem_const"),
-        strict=True,
         description="Chunk constant of the distillation loss.",
     )
 
