@@ -14,6 +14,7 @@ from liger_registry.registry.errors import RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
 from liger_registry.registry.plan import never_fuses
 from liger_registry.registry.targets import (
+    head_problems,
     moe_problems,
     resolve_class,
     target_problems,
@@ -96,6 +97,7 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
         findings.append(Finding("forward", where, never_fuses(entry.forward)))
     if entry.head is not None and spec.moe:
         findings += [Finding("moe", where, p) for p in moe_problems(entry)]
+    findings += [Finding("head", where, p) for p in head_problems(entry)]
     if not findings and entry.head is not None:
         original = resolve_class(entry, entry.causal_lm).forward
         findings += lint_forward(spec.fn, original)
