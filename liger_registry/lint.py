@@ -97,7 +97,8 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
         findings.append(Finding("forward", where, never_fuses(entry.forward)))
     if entry.head is not None and spec.moe:
         findings += [Finding("moe", where, p) for p in moe_problems(entry)]
-    findings += [Finding("head", where, p) for p in head_problems(entry)]
+    if spec.fuses:  # the forwards that read the head's attributes
+        findings += [Finding("head", where, p) for p in head_problems(entry)]
     if not findings and entry.head is not None:
         original = resolve_class(entry, entry.causal_lm).forward
         findings += lint_forward(spec.fn, original)

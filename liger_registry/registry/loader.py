@@ -237,9 +237,29 @@ def load_registry(*extra_dirs: str | os.PathLike) -> Registry:
             _load_plugin(registry, directory, source)
         else:
             _load_directory(registry, directory, source, problems)
+    problems += [
+        p for loaded in registry.policies for p in applies_to_problems(loaded.policy, loaded.path, registry)
+    ]
     if problems:
         raise RegistryError(f"the registry has {len(problems)} problem(s)", problems)
     return registry
+
+
+def applies_to_problems(policy: PolicyFile, path: Path, registry: Registry) -> list[str]:
+    """Names in a policy's `applies_to` that are no family of the registry (the policy would silently apply to
+    nothing there); a model type served by a family gets that family suggested."""
+    problems = []
+    for name in policy.applies_to:
+        if name == "*" or name in registry.families:
+            continue
+        family = registry.by_model_type.get(name)
+        hint = (
+            f"; it is a model type of family {family!r}: name the family"
+            if family
+            else suggest(name, registry.families)
+        )
+        problems.append(f"{path}: applies_to: {name!r} is not a family of the registry{hint}")
+    return problems
 
 
 def load_policy(path: str | os.PathLike) -> LoadedPolicy:

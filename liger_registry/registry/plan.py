@@ -139,12 +139,11 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     if model is not None and (problem := subclass_problem(type(model), cls, "forward")):
         plan.problems.append(f"{FORWARD}: {problem}")
         return
-    if problems := head_problems(
-        entry, model, None if model is None else language_config(model.config, entry)
-    ):
+    spec = get_forward(entry.forward)
+    config = None if model is None else language_config(model.config, entry)
+    if spec.fuses and (problems := head_problems(entry, model, config)):  # a forward that reads the head
         plan.problems += [f"{FORWARD}: {p}" for p in problems]
         return
-    spec = get_forward(entry.forward)
     if entry.flce.enabled and not spec.fuses:
         plan.problems.append(f"{FORWARD}: {never_fuses(entry.forward)}")
         return

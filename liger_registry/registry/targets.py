@@ -82,7 +82,8 @@ def resolve_function(entry: FamilyEntry, name: str) -> tuple[ModuleType, str]:
         raise RegistryError(
             f"family {entry.family!r}: {module.__name__}.{attr} is a {type(value).__name__}, not a function"
         )
-    if not _defined_under_transformers(value):
+    # a function of ours there is the replacement an earlier apply installed (module-wide, shared by handles)
+    if not (_defined_under_transformers(value) or value.__module__.startswith("liger_registry.")):
         raise RegistryError(
             f"family {entry.family!r}: {module.__name__}.{attr} is defined in {value.__module__}, outside "
             "transformers: only functions defined under transformers may be replaced"
