@@ -74,8 +74,9 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     """A file's data and its node tree (for line numbers), parsed once with PyYAML's safe loader, within the
     limits above; every way a file can fail is a RegistryError naming it."""
     text = _read(path)
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         if node is None:
             return None, None
@@ -89,7 +90,8 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     except RecursionError:
         raise RegistryError(f"{path}: nested deeper than the YAML parser can follow") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _node_at(node: yaml.Node | None, loc: tuple) -> yaml.Node | None:

@@ -3,13 +3,12 @@ the plugin, whose families are skipped), in bounded time and with bounded error 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import sys
 import warnings
 
 import pytest
+from timeouts import within
 
 from liger_registry import cli
 from liger_registry.registry.errors import RegistryError, RegistryWarning
@@ -21,22 +20,6 @@ LAUGHS = "".join(
     f"{k}: &{k} [{', '.join([f'*{p}'] * 9)}]\n" for p, k in zip("abcdefghi", "bcdefghij", strict=True)
 )
 BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + LAUGHS
-
-
-@contextlib.contextmanager
-def within(seconds: float):
-    """Fail (instead of hanging the suite) when the body runs longer than `seconds`."""
-
-    def expire(*_):
-        raise TimeoutError(f"took longer than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _error(directory) -> RegistryError:
