@@ -143,3 +143,18 @@ def test_a_broken_plugin_is_skipped_with_its_name(kind, tmp_path, monkeypatch, c
         warnings.simplefilter("ignore", RegistryWarning)
         code = cli.main(["lint", "--format", "json"])
     assert json.loads(capsys.readouterr().out)["ok"] is True and code == 0
+
+
+@pytest.mark.reliability("raw_exception")
+@pytest.mark.parametrize("command", [["explain", "llama"], ["show", "llama"], ["lint", "--format", "json"]])
+def test_cli_with_a_bomb_on_the_path_ends_with_a_bounded_error(command, tmp_path, monkeypatch, capsys, cases):
+    cases.tried()
+    (tmp_path / "bomb.yaml").write_text(BAD_FILES["alias bomb in tiny_config"])
+    monkeypatch.setenv(PATH_VARIABLE, str(tmp_path))
+    with within(30):
+        code = cli.main(command)
+    out, err = capsys.readouterr()
+    assert code == 1 and len(out) + len(err) < 20_000
+    assert "bomb.yaml" in out + err
+    if "json" in command:
+        assert json.loads(out)["ok"] is False
