@@ -441,9 +441,17 @@ def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
         K.fused_linear_cross_entropy(x, w, target).backward()
         x.grad = w.grad = None
 
-    checked = _median_ms(step)
-    monkeypatch.setattr(flce_loop, "check_labels", lambda *a: None)
-    unchecked = _median_ms(step)
+    def no_check(*args):
+        return None
+
+    checked, unchecked = [], []
+    for _ in range(7):  # interleaved, so clock and thermal drift hit both sides alike
+        checked.append(_median_ms(step, reps=5))
+        monkeypatch.setattr(flce_loop, "check_labels", no_check)
+        unchecked.append(_median_ms(step, reps=5))
+        monkeypatch.undo()
+        monkeypatch.setenv(K.ENV_VAR, "triton")
+    checked, unchecked = sorted(checked)[3], sorted(unchecked)[3]
     overhead = (checked - unchecked) / unchecked
     print(f"\nlabel check: {checked:.3f} ms vs {unchecked:.3f} ms unchecked ({overhead:+.2%})")
     assert overhead < 0.02, f"label check costs {overhead:.2%} of the FLCE call"

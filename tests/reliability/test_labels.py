@@ -92,3 +92,25 @@ def test_same_message_on_both_backends(monkeypatch, cases) -> None:
                 fn(first, weight, target) if fn is K.fused_linear_cross_entropy else fn(first, target)
             messages.add(str(info.value))
     assert len(messages) == 1, messages
+
+
+@pytest.mark.reliability("silent_wrong")
+def test_patched_model_refuses_out_of_range_labels(cases) -> None:
+    import liger_registry as L
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    model = tiny_model("llama")
+    batch = tiny_batch(model)
+    vocab = model.config.vocab_size
+    model.train()
+    with L.patched(model):
+        for bad in (vocab, vocab + 17, -3):
+            labels = batch["labels"].clone()
+            labels[0, 5] = bad
+            cases.tried()
+            with pytest.raises(ValueError, match=f"out of range: {bad}"):
+                model(**{**batch, "labels": labels})
+        cases.tried()
+        labels = batch["labels"].clone()
+        labels[0, 5] = -100
+        assert torch.isfinite(model(**{**batch, "labels": labels}).loss)
