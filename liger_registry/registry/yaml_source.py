@@ -1,4 +1,5 @@
-"""Safe YAML loading that keeps line numbers, and Pydantic errors turned into file:line: field messages."""
+"""Safe YAML loading within size, node and depth limits that keeps line numbers, and Pydantic errors turned into
+file:line: field messages."""
 
 from __future__ import annotations
 
