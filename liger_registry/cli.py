@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import yaml
@@ -175,6 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     except (RegistryError, UnsupportedModelError) as exc:
         print(f"liger-registry: {exc}", file=sys.stderr)
         return 1
+    except (
+        BrokenPipeError
+    ):  # `liger-registry schema | head`: the reader left early, which is no error of ours
+        os.dup2(
+            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+        )  # so the exit flush does not fail again
+        return 0
 
 
 if __name__ == "__main__":

@@ -158,3 +158,16 @@ def test_cli_with_a_bomb_on_the_path_ends_with_a_bounded_error(command, tmp_path
     assert "bomb.yaml" in out + err
     if "json" in command:
         assert json.loads(out)["ok"] is False
+
+
+@pytest.mark.reliability("raw_exception")
+def test_schema_into_a_closed_pipe_is_quiet(cases) -> None:
+    import os
+    import subprocess
+
+    cases.tried()
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    # `true` exits at once without reading, so the write meets a closed pipe (deterministically, unlike `head`)
+    command = f"{sys.executable} -m liger_registry.cli schema | true; exit ${{PIPESTATUS[0]}}"
+    done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
