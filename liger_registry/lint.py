@@ -10,7 +10,7 @@ import torch
 
 from liger_registry.forwards import get_forward, registered_forwards
 from liger_registry.registry.applier import apply
-from liger_registry.registry.errors import RegistryError, UnsupportedModelError
+from liger_registry.registry.errors import PatchError, RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
 from liger_registry.registry.plan import never_fuses
 from liger_registry.registry.targets import (
@@ -150,7 +150,11 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
     variants = {"FLCE on": {}, "FLCE off": {FLCE_KEY: False}} if entry.flce.enabled else {"FLCE off": {}}
     findings = []
     for label, overrides in variants.items():
-        handle = apply(model, registry=registry, **overrides)
+        try:
+            handle = apply(model, registry=registry, **overrides)
+        except PatchError as exc:  # e.g. a head attribute the built model lacks: a finding, not a lint crash
+            findings.append(Finding("deep", where, f"{label}: {exc}"))
+            continue
         try:
             problems = _skip_logits_problems(model, batch, reference, entry.skip_logits)
         except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
