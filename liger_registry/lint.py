@@ -17,6 +17,7 @@ from liger_registry.registry.errors import PatchError, RegistryError, Unsupporte
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
 from liger_registry.registry.plan import never_fuses
 from liger_registry.registry.targets import (
+    head_problems,
     moe_problems,
     resolve_class,
     target_problems,
@@ -110,6 +111,8 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
         findings.append(Finding("forward", where, never_fuses(entry.forward)))
     if entry.head is not None and spec.moe:
         findings += [Finding("moe", where, p) for p in moe_problems(entry)]
+    if spec.fuses:  # the forwards that read the head's attributes
+        findings += [Finding("head", where, p) for p in head_problems(entry)]
     if not findings and entry.head is not None:
         original = resolve_class(entry, entry.causal_lm).forward
         findings += lint_forward(spec.fn, original)

@@ -11,6 +11,7 @@ from . import ce_torch
 from .flce_run import FlceRun
 from .flce_tokens import token_loop
 from .flce_vocab import vocab_loop
+from .labels import check_labels
 
 STRATEGY_LOOPS = {"tokens": token_loop, "vocab": vocab_loop}
 
@@ -25,6 +26,8 @@ def flce_compute(
     """
     opts = run.options
     device = hidden.device
+    if row_grad is None:  # the forward; a recomputing backward (reduction none) reads labels already checked
+        check_labels(target, opts.ignore_index, weight.shape[0])
     _, n_valid, denom = ce_torch.denominators(target, opts.ignore_index, class_weights)
     if opts.reduction == "mean":
         ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
