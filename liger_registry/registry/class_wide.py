@@ -39,16 +39,16 @@ def class_wide_conflicts(config: ResolvedConfig, model: nn.Module, class_wide: d
     problems = []
     for family, handle in class_wide.items():
         for applied in getattr(handle, "_applied", ()):
-            planned = applied.planned
-            if planned.kernel not in disabled:
+            done, owner = applied.replacement, applied.owner()
+            if done.kernel not in disabled or owner is None:
                 continue
-            if planned.scope == "class":
-                hit = any(issubclass(t, planned.owner) for t in module_types)
+            if done.scope == "class":
+                hit = any(issubclass(t, owner) for t in module_types)
             else:
-                hit = _function_of(config, planned.kernel) == (planned.owner, planned.attribute)
+                hit = _function_of(config, done.kernel) == (owner, applied.attribute)
             if hit:
                 problems.append(
-                    f"{planned.kernel}=off cannot take effect on this model: {planned.target} is patched class-wide "
+                    f"{done.kernel}=off cannot take effect on this model: {done.target} is patched class-wide "
                     f"by apply({family!r}); revert that first, or apply class-wide with the kernel off"
                 )
     return problems

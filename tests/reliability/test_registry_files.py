@@ -170,4 +170,5 @@ def test_schema_into_a_closed_pipe_is_quiet(cases) -> None:
     # `true` exits at once without reading, so the write meets a closed pipe (deterministically, unlike `head`)
     command = f"{sys.executable} -m liger_registry.cli schema | true; exit ${{PIPESTATUS[0]}}"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    # 141 (128 + SIGPIPE, what `cli.BROKEN_PIPE` returns) when the write met the closed pipe, 0 if it fit first
+    assert done.returncode in (0, 141) and "Traceback" not in done.stderr, done.stderr
