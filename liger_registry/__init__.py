@@ -17,6 +17,7 @@ _FROM_REGISTRY = (
     "PatchReport",
     "Registry",
     "RegistryError",
+    "RegistryWarning",
     "UnsupportedModelError",
     "apply",
     "explain",

@@ -1,37 +1,67 @@
-"""The `liger-registry` command: lint, list, show, explain, schema, demo, scaffold."""
+"""The `liger-registry` command: lint, list, show, explain, schema, env, demo, scaffold."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import yaml
 
+from liger_registry import __version__
 from liger_registry.console import print_table
 from liger_registry.registry import RegistryError, UnsupportedModelError, explain, load_registry
 from liger_registry.schemas import FamilyEntry, PolicyFile
 
+REGISTRY_HELP = "a directory of family/policy YAML files read after the bundled ones (repeatable)"
+BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE (the reader of `| head` went away)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _registry_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--registry", action="append", default=[], metavar="DIR", help=REGISTRY_HELP)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="liger-registry", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"liger-registry {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     lint = sub.add_parser("lint", help="check forwards, YAML files and targets")
     lint.add_argument(
-        "--deep", action="store_true", help="also run each family's tiny model through skip_logits"
+        "--deep",
+        action="store_true",
+        help="also run each family's tiny model: skip_logits, and logits, gradients and loss against the "
+        "unpatched model (fp32, CPU)",
     )
-    lint.add_argument("--format", choices=["text", "json"], default="text")
-    lint.add_argument("--registry", action="append", default=[], metavar="DIR", help="extra YAML directory")
-    sub.add_parser("list", help="families, their kernels and tested transformers versions").add_argument(
-        "--registry", action="append", default=[], metavar="DIR"
+    lint.add_argument(
+        "--format", choices=["text", "json"], default="text", help="json: findings with file and line"
     )
+    lint.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="check only this family (repeatable; forwards and YAML files are always checked)",
+    )
+    _registry_option(lint)
+    _registry_option(sub.add_parser("list", help="families, their kernels and tested transformers versions"))
     show = sub.add_parser("show", help="one family entry, resolved")
-    show.add_argument("family")
-    show.add_argument("--registry", action="append", default=[], metavar="DIR")
+    show.add_argument("family", metavar="FAMILY|MODEL_TYPE", help="a family name or a model type it serves")
+    _registry_option(show)
     exp = sub.add_parser(
         "explain", help="resolved configuration of a model type, with provenance, backends and the FLCE plan"
     )
-    exp.add_argument("model_type")
+    exp.add_argument("model_type", help="a model type (config.model_type), e.g. llama")
     exp.add_argument(
         "--policy", action="append", metavar="FILE|NAME", help="policy file or registry policy name"
     )
@@ -46,10 +76,23 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--vocab", type=int, metavar="V", help="vocabulary size for the plan (default: the config's)"
     )
+    _registry_option(exp)
     schema = sub.add_parser("schema", help="JSON Schema of the YAML files")
-    schema.add_argument("--kind", choices=["family", "policy", "all"], default="all")
+    schema.add_argument(
+        "--kind", choices=["family", "policy", "all"], default="all", help="which file's schema"
+    )
+    env = sub.add_parser("env", help="versions, GPU, environment variables and the backend of each op")
+    env.add_argument(
+        "--device", help="device the backends are decided for (default: cuda:0 if any, else cpu)"
+    )
+    env.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16", "float64"],
+        help="dtype the backends are decided for (default: bfloat16 on CUDA, float32 on CPU)",
+    )
+    env.add_argument("--format", choices=["text", "json"], default="text", help="output format")
     demo = sub.add_parser("demo", help="train a tiny Llama unpatched and patched")
-    demo.add_argument("--steps", type=int, default=5)
+    demo.add_argument("--steps", type=_positive, default=5, help="training steps of each run (at least 1)")
     scaffold = sub.add_parser("scaffold", help="draft and prove a family entry")
     scaffold.add_argument("model_type", nargs="?", help="a causal-LM model type transformers registers")
     scaffold.add_argument("--family", help="family name of the entry (default: the model type)")
@@ -63,7 +106,7 @@ def _parser() -> argparse.ArgumentParser:
 def _lint(args) -> int:
     from liger_registry.lint import lint
 
-    results = lint(deep=args.deep, registry_dirs=tuple(args.registry))
+    results = lint(deep=args.deep, registry_dirs=tuple(args.registry), families=tuple(args.family))
     findings = [f for f in results if f.severity == "error"]
     notes = [f for f in results if f.severity != "error"]
     if args.format == "json":
@@ -82,7 +125,7 @@ def _lint(args) -> int:
     if findings:
         print(f"{len(findings)} finding(s)")
     else:
-        families = len(load_registry(*args.registry).families)
+        families = len(args.family) or len(load_registry(*args.registry).families)
         print(f"well-formed: {families} families, all checks pass" + (" (deep)" if args.deep else ""))
     return 1 if findings else 0
 
@@ -108,8 +151,15 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
-    loaded = load_registry(*args.registry).family(args.family)
-    print(f"# {loaded.path}")
+    registry = load_registry(*args.registry)
+    name = args.family
+    if name in registry.families:
+        loaded = registry.families[name]
+    elif name in registry.by_model_type:
+        loaded = registry.family_for(name)
+    else:
+        raise UnsupportedModelError(name, {*registry.families, *registry.by_model_type})
+    print(f"# {loaded.path}" + (f" (serves model type {name})" if loaded.entry.family != name else ""))
     print(yaml.safe_dump(loaded.entry.model_dump(exclude_none=True), sort_keys=False).rstrip())
     return 0
 
@@ -123,6 +173,7 @@ def _explain(args) -> int:
         tokens=args.tokens,
         hidden=args.hidden,
         vocab=args.vocab,
+        registry=load_registry(*args.registry) if args.registry else None,
     )
     if args.tokens is None:
         print(explanation)
@@ -138,6 +189,14 @@ def _explain(args) -> int:
 def _schema(args) -> int:
     schemas = {"family": FamilyEntry.model_json_schema(), "policy": PolicyFile.model_json_schema()}
     print(json.dumps(schemas if args.kind == "all" else schemas[args.kind], indent=2))
+    return 0
+
+
+def _env(args) -> int:
+    from liger_registry.environment import environment_report
+
+    report = environment_report(args.device, args.dtype)
+    print(json.dumps(report.as_dict(), indent=2) if args.format == "json" else report)
     return 0
 
 
@@ -160,9 +219,18 @@ COMMANDS = {
     "show": _show,
     "explain": _explain,
     "schema": _schema,
+    "env": _env,
     "demo": _demo,
     "scaffold": _scaffold,
 }
+
+
+def _quiet_stdout() -> None:
+    """The reader of our stdout went away: send what is still buffered to /dev/null, so that Python's final
+    flush at exit raises no second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0) and 2
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE
     except (RegistryError, UnsupportedModelError) as exc:
         print(f"liger-registry: {exc}", file=sys.stderr)
         return 1

@@ -23,17 +23,23 @@ def _rich_console():
 
 def print_table(headers: list[str], rows: list[list[str]], title: str | None = None) -> None:
     console = _rich_console()
-    if console is None:
+    if console is None:  # plain text is never cut: each column is as wide as its longest cell
         if title:
             print(title)
         print(table(headers, rows))
         return
-    from rich.table import Table
+    console.print(rich_table(headers, rows, title))
 
-    rich_table = Table(*headers, title=title)
+
+def rich_table(headers: list[str], rows: list[list[str]], title: str | None = None):
+    """A rich table whose cells fold onto more lines when the terminal is narrow: names are never cut."""
+    from rich.table import Column, Table
+
+    columns = [Column(header, overflow="fold") for header in headers]
+    result = Table(*columns, title=title)
     for row in rows:
-        rich_table.add_row(*map(str, row))
-    console.print(rich_table)
+        result.add_row(*map(str, row))
+    return result
 
 
 def progress(items: Iterable[T], total: int, description: str) -> Iterator[T]:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
+from liger_registry import lint_parity
 from liger_registry.forwards import get_forward, registered_forwards
+from liger_registry.lint_where import problem_location, source_location, yaml_line
 from liger_registry.registry.applier import apply
-from liger_registry.registry.errors import RegistryError, UnsupportedModelError
+from liger_registry.registry.errors import PatchError, RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
 from liger_registry.registry.plan import never_fuses
 from liger_registry.registry.targets import (
+    head_problems,
     moe_problems,
     resolve_class,
     target_problems,
@@ -33,13 +37,23 @@ class Finding:
     where: str
     message: str
     severity: str = "error"  # error | note (what was proved, or why a proof could not run; exit code 0)
+    file: str | None = None  # the file to fix: the family's YAML, or the forward's source
+    line: int | None = None  # 1-based line in `file`, where known
 
     def __str__(self) -> str:
         tag = self.check if self.severity == "error" else f"{self.check} note"
         return f"{self.where}: [{tag}] {self.message}"
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, str | int | None]:
         return asdict(self)
+
+
+def _in_yaml(findings: list[Finding], path: Path) -> list[Finding]:
+    """Findings without a location get the family file and the line they are about."""
+    return [
+        f if f.file is not None else replace(f, file=str(path), line=yaml_line(path, f.check, f.message))
+        for f in findings
+    ]
 
 
 def _name(fn: Callable) -> str:
@@ -62,6 +76,7 @@ def lint_forward(fn: Callable, original: Callable | None = None) -> list[Finding
     must be accepted (by name, or by *args and **kwargs that the forward binds against the original)."""
     where = _name(fn)
     params = dict(inspect.signature(fn).parameters)
+    file, line = source_location(fn)
     findings = []
     skip = params.get("skip_logits")
     if skip is None or skip.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD):
@@ -80,7 +95,7 @@ def lint_forward(fn: Callable, original: Callable | None = None) -> list[Finding
                 findings.append(
                     Finding("signature", where, f"does not accept {param.name!r} of {_name(original)}")
                 )
-    return findings
+    return [replace(f, file=file, line=line) for f in findings]
 
 
 def _family_findings(loaded: LoadedFamily) -> list[Finding]:
@@ -96,24 +111,32 @@ def _family_findings(loaded: LoadedFamily) -> list[Finding]:
         findings.append(Finding("forward", where, never_fuses(entry.forward)))
     if entry.head is not None and spec.moe:
         findings += [Finding("moe", where, p) for p in moe_problems(entry)]
+    if spec.fuses:  # the forwards that read the head's attributes
+        findings += [Finding("head", where, p) for p in head_problems(entry)]
     if not findings and entry.head is not None:
         original = resolve_class(entry, entry.causal_lm).forward
         findings += lint_forward(spec.fn, original)
     return findings
 
 
-def lint(deep: bool = False, registry_dirs: tuple = (), registry: Registry | None = None) -> list[Finding]:
-    """All findings over the registry; `deep` also runs each family's tiny model through skip_logits."""
+def lint(
+    deep: bool = False, registry_dirs: tuple = (), registry: Registry | None = None, families: tuple = ()
+) -> list[Finding]:
+    """All findings over the registry (only `families`, when named; an unknown name raises
+    UnsupportedModelError); `deep` also runs each family's tiny model (skip_logits and parity)."""
     findings = [f for spec in registered_forwards().values() for f in lint_forward(spec.fn)]
     try:
         registry = registry or load_registry(*registry_dirs)
     except RegistryError as exc:
-        return findings + [Finding("yaml", "registry", p) for p in exc.problems or [str(exc)]]
-    for loaded in registry.families.values():
-        family_findings = _family_findings(loaded)
+        return findings + [
+            Finding("yaml", "registry", p, "error", *problem_location(p)) for p in exc.problems or [str(exc)]
+        ]
+    selected = [registry.family(name) for name in families] or list(registry.families.values())
+    for loaded in selected:
+        family_findings = _in_yaml(_family_findings(loaded), loaded.path)
         findings += family_findings
         if deep and not [f for f in family_findings if f.severity == "error"]:
-            findings += deep_check(loaded, registry)
+            findings += _in_yaml(deep_check(loaded, registry), loaded.path)
     return findings
 
 
@@ -143,13 +166,20 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
     batch = tiny_batch(model)
     with torch.no_grad():
         reference = model(**batch).loss
+    unpatched = lint_parity.run(model, batch, has_head=True)  # before any apply: RoPE is patched module-wide
     # As configured, and with FLCE off ("never fuse"): the forward owns skip_logits either way.
     variants = {"FLCE on": {}, "FLCE off": {FLCE_KEY: False}} if entry.flce.enabled else {"FLCE off": {}}
     findings = []
     for label, overrides in variants.items():
-        handle = apply(model, registry=registry, **overrides)
+        try:
+            handle = apply(model, registry=registry, **overrides)
+        except PatchError as exc:  # the entry does not fit its own tiny model: a finding, not a crash
+            findings.append(Finding("deep", where, f"{label}: apply refused the tiny model: {exc}"))
+            continue
         try:
             problems = _skip_logits_problems(model, batch, reference, entry.skip_logits)
+            patched_run = lint_parity.run(model, batch, has_head=True, skip_logits=False)
+            problems += lint_parity.differences(patched_run, unpatched, has_head=True)
         except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
             problems = [f"the patched forward raised {type(exc).__name__}: {exc}"]
         finally:
@@ -159,7 +189,13 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
         return findings
     proved = " and ".join(variants)
     return [
-        Finding("deep", note_at, f"skip_logits None/True/False/True-without-labels proved ({proved})", "note")
+        Finding(
+            "deep",
+            note_at,
+            f"skip_logits None/True/False/True-without-labels, and logits, gradients and loss equal to the "
+            f"unpatched model's (fp32), proved ({proved})",
+            "note",
+        )
     ]
 
 
@@ -172,19 +208,29 @@ def _no_head_findings(model, entry, where: str, registry: Registry, note_at: str
         problems.append(f"head: null, but {type(model).__name__} has an lm_head")
     if "labels" in inspect.signature(type(model).forward).parameters:
         problems.append(f"head: null, but {type(model).__name__}.forward takes labels")
-    inputs = {k: v for k, v in tiny_batch(model).items() if k != "labels"}
+    batch = tiny_batch(model)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         if "logits" in model(**inputs):
             problems.append(f"head: null, but {type(model).__name__} returns logits")
     if problems:
         return [Finding("deep", where, p) for p in problems]
-    apply(model, registry=registry).revert()
+    unpatched = lint_parity.run(model, batch, has_head=False)
+    handle = apply(model, registry=registry)
+    try:
+        problems = lint_parity.differences(lint_parity.run(model, batch, has_head=False), unpatched, False)
+    except Exception as exc:  # a crashing kernel is a finding of its family
+        problems = [f"the patched model raised {type(exc).__name__}: {exc}"]
+    finally:
+        handle.revert()
+    if problems:
+        return [Finding("deep", where, p) for p in problems]
     return [
         Finding(
             "deep",
             note_at,
             f"no causal-LM head: {type(model).__name__} has no lm_head, takes no labels and returns no logits "
-            "(proved); kernels only, no forward",
+            "(proved); kernels only, no forward; hidden states and gradients equal to the unpatched model's",
             "note",
         )
     ]

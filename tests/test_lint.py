@@ -1,6 +1,7 @@
 """The lint proves skip_logits handling: it passes the bundled registry and fails bad forwards."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,18 +40,23 @@ def test_bundled_registry_is_clean(capsys):
     assert "well-formed" in capsys.readouterr().out
 
 
-def build_as_llama(monkeypatch, name):
-    """Tiny models of the test family `name` are Llama configs reporting `name`, so apply() picks its entry."""
+def build_as(monkeypatch, name, real_type):
+    """Tiny models of the test family `name` are `real_type` configs reporting `name`, so apply() picks its
+    entry."""
     from liger_registry import testing
 
     real = testing.tiny_config
 
     def tagged(model_type, registry=None, **overrides):
-        config = real("llama" if model_type == name else model_type, registry, **overrides)
+        config = real(real_type if model_type == name else model_type, registry, **overrides)
         config.model_type = model_type
         return config
 
     monkeypatch.setattr(testing, "tiny_config", tagged)
+
+
+def build_as_llama(monkeypatch, name):
+    build_as(monkeypatch, name, "llama")
 
 
 @pytest.fixture
@@ -100,7 +106,7 @@ def test_lint_deep_exits_1_on_a_forward_that_ignores_skip_logits(bad_family, mon
         cli.main(["lint", "--registry", directory]) == 0
     )  # the signature is right: only running it shows the bug
     capsys.readouterr()
-    assert cli.main(["lint", "--deep", "--registry", directory]) == 1
+    assert cli.main(["lint", "--deep", "--registry", directory, "--family", "ignores_skip"]) == 1
     out = capsys.readouterr().out
     assert "ignores_skip.yaml (deep)" in out and "logits returned" in out
 
@@ -111,5 +117,64 @@ def test_lint_deep_reports_a_crashing_forward_instead_of_crashing(bad_family, mo
 
     directory = bad_family("no_skip", no_skip)
     build_as_llama(monkeypatch, "no_skip")
-    assert cli.main(["lint", "--deep", "--registry", directory]) == 1
+    assert cli.main(["lint", "--deep", "--registry", directory, "--family", "no_skip"]) == 1
     assert "raised RuntimeError: broken forward" in capsys.readouterr().out
+
+
+# Cohere's apply_rotary_pos_emb rotates interleaved (even, odd) pairs; the rotate_half kernel rotates halves.
+INTERLEAVED_AS_HALF = """\
+family: interleaved_as_half
+model_types: [interleaved_as_half]
+module: transformers.models.cohere.modeling_cohere
+causal_lm: CohereForCausalLM
+kernels:
+  rope: {rope}
+  swiglu: {{targets: [CohereMLP]}}
+head: {{logit_multiplier_attr: logit_scale}}
+tiny_config: {{tie_word_embeddings: true, logit_scale: 1.5}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("rope", "exit_code"),
+    [("{layout: rotate_half}", 1), ("{enabled: false, reason: interleaved pairs}", 0)],
+    ids=["wrong-layout", "rope-off"],
+)
+def test_lint_deep_catches_a_wrong_rope_layout_by_its_logits(tmp_path, monkeypatch, capsys, rope, exit_code):
+    """The loss moves by ~1e-5 only (the skip_logits proof's loss check passes); logits and gradients do not."""
+    (tmp_path / "interleaved_as_half.yaml").write_text(INTERLEAVED_AS_HALF.format(rope=rope))
+    build_as(monkeypatch, "interleaved_as_half", "cohere")
+    args = [
+        "lint",
+        "--deep",
+        "--registry",
+        str(tmp_path),
+        "--family",
+        "interleaved_as_half",
+        "--format",
+        "json",
+    ]
+    assert cli.main(args) == exit_code
+    report = json.loads(capsys.readouterr().out)
+    messages = [f["message"] for f in report["findings"]]
+    if exit_code == 0:
+        assert messages == [] and "logits, gradients and loss equal" in report["notes"][-1]["message"]
+        return
+    assert any(m.startswith("FLCE on: logits differ from the unpatched model's") for m in messages)
+    assert any(m.startswith("FLCE on: gradients differ") for m in messages)
+    assert not any("skip_logits" in m for m in messages)  # what the lint checked before passes
+    located = {(Path(f["file"]).name, f["line"]) for f in report["findings"]}
+    assert located == {("interleaved_as_half.yaml", 5)}  # the kernels: key
+
+
+def test_parity_differences_flag_each_tensor_and_nan():
+    import torch
+
+    from liger_registry.lint_parity import Run, differences
+
+    want = Run(torch.ones(2, 3), torch.tensor(1.0), {"w": torch.ones(3), "b": torch.zeros(1)})
+    assert differences(Run(want.outputs + 1e-7, want.loss, dict(want.grads)), want, True) == []
+    got = Run(want.outputs + 1e-3, torch.tensor(float("nan")), {"w": torch.ones(3) * 1.01})
+    problems = differences(got, want, True)
+    assert [p.split(" ")[0] for p in problems] == ["logits", "no", "gradients", "loss"]
+    assert "worst w" in problems[2] and "e.g. b" in problems[1]

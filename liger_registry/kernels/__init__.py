@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from liger_registry.limits import check_ignore_index, check_logit_factor
+
 from . import torch_impl
 from .ce_torch import check_ce_options
 from .cross_entropy import cross_entropy_torch
@@ -73,6 +75,9 @@ def cross_entropy(
 ) -> torch.Tensor:
     """Cross entropy over rows of ``logits`` [N, V]; same semantics as :func:`fused_linear_cross_entropy`."""
     check_ce_options(label_smoothing, softcap, reduction)
+    check_ignore_index(ignore_index)
+    if softcap is not None:
+        check_logit_factor("softcap", float(softcap))
     if logits.dim() != 2 or target.shape != (logits.shape[0],):
         raise ValueError(
             f"logits must be [N, V] and target [N]; got {tuple(logits.shape)}, {tuple(target.shape)}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import ce_torch
+from .labels import check_labels
 
 
 def reduce_ce(ce: torch.Tensor, zl: torch.Tensor, target, ignore_index, class_weights, reduction):
@@ -30,6 +31,8 @@ def cross_entropy_torch(
     lse_square_scale: float = 0.0,
     class_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    if not torch.compiler.is_compiling():  # traced: no graph break; gather checks the bounds (labels.py)
+        check_labels(target, ignore_index, logits.shape[1])
     ce, zl = ce_torch.ce_rows_differentiable(
         logits,
         target,

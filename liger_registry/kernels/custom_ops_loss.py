@@ -13,6 +13,7 @@ from .custom_ops import NS, _call, _eager_function
 from .flce_loop import flce_compute
 from .flce_run import FlceRun
 from .jsd_loop import fljsd_compute
+from .labels import check_labels
 from .scale_unless_one import scale_unless_one_
 
 
@@ -39,6 +40,7 @@ def _cross_entropy_fwd_impl(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, z_loss, grad); with ``compute_grad`` the gradient of the loss (for grad_output 1) is written into
     a new buffer in the same pass that reads the logits (the logits themselves are left untouched)."""
+    check_labels(target, ignore_index, logits.shape[1])
     buf = logits if logits.stride(-1) == 1 else logits.contiguous()
     grad = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device) if compute_grad else buf.new_empty(0)
     ce_s, z_s = _ce_scales(reduction, target, ignore_index, class_weights)

@@ -29,8 +29,8 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     ``(loss, z_loss, n_correct, argmax)``.
 
     For ``mean``/``sum`` the forward computes the gradients chunk by chunk and the backward only scales them by
-    ``grad_output`` (in place; call backward once); for ``none`` the forward keeps the inputs and the backward
-    recomputes with the per-token ``grad_output`` (the only exact way without storing [N, V]). Under
+    ``grad_output`` (in place: a second backward works only with grad_output 1, else a clear error saying which
+    option to use); for ``none`` the forward keeps the inputs and the backward recomputes with the per-token ``grad_output`` (the only exact way without storing [N, V]). Under
     torch.compile the work happens in ``torch.ops.liger_registry.flce_forward``, one opaque custom op.
     """
 
@@ -65,7 +65,7 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         check_backward(ctx, "fused_linear_cross_entropy", once=ctx.grads_now)
         need_dh, need_dw, need_db = ctx.need
         if ctx.grads_now:
-            dh, dw, db = ctx.saved_tensors
+            dh, dw, db = _saved_gradients(ctx)
             flce_scale_grads(dh, dw, db, grad_loss)
         else:
             hidden, weight, target, bias, class_weights = ctx.saved_tensors
@@ -81,6 +81,23 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+SECOND_BACKWARD = (
+    "fused_linear_cross_entropy (reduction mean/sum) computes its gradients in the forward and scales them in "
+    "place in the backward, so a second backward through the same loss with a grad_output other than 1 "
+    "(retain_graph=True twice, autograd.grad twice, gradient penalties) cannot be served. Use reduction='none' "
+    "(recomputes in the backward), or patch with fused_linear_cross_entropy=False (logits and the model's loss)."
+)
+
+
+def _saved_gradients(ctx):
+    try:
+        return ctx.saved_tensors
+    except RuntimeError as exc:
+        if "inplace operation" in str(exc):
+            raise RuntimeError(SECOND_BACKWARD) from exc
+        raise
 
 
 def _flce_on(backend: str):

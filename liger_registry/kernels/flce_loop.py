@@ -11,6 +11,7 @@ from . import ce_torch
 from .flce_run import FlceRun
 from .flce_tokens import token_loop
 from .flce_vocab import vocab_loop
+from .labels import start_label_check
 
 STRATEGY_LOOPS = {"tokens": token_loop, "vocab": vocab_loop}
 
@@ -25,6 +26,9 @@ def flce_compute(
     """
     opts = run.options
     device = hidden.device
+    finish_label_check = None
+    if row_grad is None:  # the forward; a recomputing backward (reduction none) reads labels already checked
+        target, finish_label_check = start_label_check(target, opts.ignore_index, weight.shape[0])
     _, n_valid, denom = ce_torch.denominators(target, opts.ignore_index, class_weights)
     if opts.reduction == "mean":
         ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
@@ -54,4 +58,6 @@ def flce_compute(
         dw = dw.to(weight.dtype)
     if db is not None:
         db = db.to(bias.dtype)
+    if finish_label_check is not None:
+        finish_label_check()  # everything is queued: the host waits only for the label flag, not for the GPU
     return loss, z_loss, n_correct, argmax, dh, dw, db

@@ -7,23 +7,31 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB, check_ignore_index, check_logit_factor
+
 from .ce_torch import check_ce_options
 
 STRATEGIES = ("auto", "tokens", "vocab")
 
 
 def check_chunk_mem_const(chunk_mem_const: object, name: str = "chunk_mem_const") -> int:
-    """The one check of the token-chunk constant: a positive int (bool is refused)."""
-    if isinstance(chunk_mem_const, bool) or not isinstance(chunk_mem_const, int) or chunk_mem_const < 1:
-        raise ValueError(f"{name} must be a positive int, got {chunk_mem_const!r}")
+    """The one check of the token-chunk constant: an int in [1, MAX_CHUNK_MEM_CONST] (bool is refused)."""
+    if (
+        isinstance(chunk_mem_const, bool)
+        or not isinstance(chunk_mem_const, int)
+        or not 1 <= chunk_mem_const <= MAX_CHUNK_MEM_CONST
+    ):
+        raise ValueError(f"{name} must be an int in [1, {MAX_CHUNK_MEM_CONST}], got {chunk_mem_const!r}")
     return chunk_mem_const
 
 
 def check_max_chunk_mib(max_chunk_mib: object) -> float:
     if isinstance(max_chunk_mib, bool) or not isinstance(max_chunk_mib, (int, float)):
         raise ValueError(f"max_chunk_mib must be a positive number of MiB, got {max_chunk_mib!r}")
-    if not (math.isfinite(max_chunk_mib) and max_chunk_mib > 0):
-        raise ValueError(f"max_chunk_mib must be a positive number of MiB, got {max_chunk_mib!r}")
+    if not (math.isfinite(max_chunk_mib) and 0 < max_chunk_mib <= MAX_CHUNK_MIB):
+        raise ValueError(
+            f"max_chunk_mib must be a number of MiB in (0, {MAX_CHUNK_MIB:g}], got {max_chunk_mib!r}"
+        )
     return float(max_chunk_mib)
 
 
@@ -66,17 +74,15 @@ class FlceOptions:
     use_token_scaling: bool = False  # each token's loss times its detached probability of the target
 
     def __post_init__(self) -> None:
-        if isinstance(self.ignore_index, bool) or not isinstance(self.ignore_index, int):
-            raise ValueError(f"ignore_index must be an int, got {self.ignore_index!r}")
+        check_ignore_index(self.ignore_index)
         set_ = object.__setattr__
         set_(self, "label_smoothing", _number("label_smoothing", self.label_smoothing))
         set_(self, "logit_scale", _number("logit_scale", self.logit_scale))
         set_(self, "lse_square_scale", _number("lse_square_scale", self.lse_square_scale))
         if self.softcap is not None:
-            set_(self, "softcap", _number("softcap", self.softcap))
+            set_(self, "softcap", check_logit_factor("softcap", _number("softcap", self.softcap)))
         check_ce_options(self.label_smoothing, self.softcap, self.reduction)
-        if not self.logit_scale > 0.0:
-            raise ValueError(f"logit_scale must be > 0, got {self.logit_scale}")
+        check_logit_factor("logit_scale", self.logit_scale)
         if self.accum_dtype is not None and not (
             isinstance(self.accum_dtype, torch.dtype) and self.accum_dtype.is_floating_point
         ):

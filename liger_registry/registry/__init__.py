@@ -18,6 +18,7 @@ _EXPORTS = {
     "unwrap_model": "configure",
     "PatchError": "errors",
     "RegistryError": "errors",
+    "RegistryWarning": "errors",
     "UnsupportedModelError": "errors",
     "Explanation": "explain",
     "explain": "explain",

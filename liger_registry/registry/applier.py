@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from liger_registry.registry.backends import decide_backends
+from liger_registry.registry.class_wide import class_wide_conflicts
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.errors import PatchError, RegistryError
 from liger_registry.registry.foreign import refuse_foreign
@@ -72,6 +73,10 @@ def _apply(
     if (existing := _existing(key, config)) is not None:
         return existing
     problems = [p for p in [version_problem(config.entry)] if p]
+    if model is not None and (conflicts := class_wide_conflicts(config, model, RECORD.families)):
+        problems += conflicts
+        if strict:  # before planning: an instance plan on top of a class-wide patch is not made at all
+            _complain(problems, strict, config.family)
     try:
         plan = make_plan(config, model)
     except RegistryError as exc:

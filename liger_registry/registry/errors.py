@@ -15,6 +15,10 @@ class RegistryError(ValueError):
         super().__init__(text)
 
 
+class RegistryWarning(UserWarning):
+    """A plugin that cannot load is skipped with this warning; the other families still load."""
+
+
 class UnsupportedModelError(ValueError):
     """No family entry serves this model type."""
 

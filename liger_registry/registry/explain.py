@@ -31,7 +31,9 @@ class Explanation:
         forward = "none (no causal-LM head)" if entry.head is None else entry.forward
         lines = [f"family {entry.family} ({self.config.path.name}); forward {forward}"]
         if self.config.policies:
-            lines.append(f"policies: {', '.join(self.config.policies)}")
+            files = self.config.policy_files
+            named = [f"{p} ({files[p]})" if p in files else p for p in self.config.policies]
+            lines.append(f"policies: {', '.join(named)}")
         lines.append(config_table(self.config))
         reasons = [(k, s.reason) for k, s in entry.kernels if s is not None and s.reason]
         reasons += [("flce", entry.flce.reason)] if entry.flce.reason else []

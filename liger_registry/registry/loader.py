@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-import yaml
-
 from liger_registry.forwards.registry import forward_names
-from liger_registry.registry.errors import RegistryError, UnsupportedModelError, suggest
-from liger_registry.registry.yaml_source import load_model
+from liger_registry.registry.errors import RegistryError, RegistryWarning, UnsupportedModelError, suggest
+from liger_registry.registry.yaml_source import load_model, load_yaml, shorten, validate_model
 from liger_registry.schemas import KINDS, FamilyEntry, PolicyFile
 
 BUNDLED_FAMILIES = Path(__file__).parent / "families"
@@ -66,38 +65,69 @@ def _yaml_files(directory: Path) -> list[Path]:
     return sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
 
 
-def _peek(path: Path) -> tuple[str, dict]:
-    """('family' or 'policy', by the file's identifying top-level key; the raw mapping, or {})."""
+def _kind(data: object) -> str:
+    """'family' or 'policy', by the file's identifying top-level key."""
+    return "policy" if isinstance(data, dict) and "policy" in data and "family" not in data else "family"
+
+
+def _plugin_directory(point: metadata.EntryPoint) -> Path:
+    """The directory a plugin's entry point names; a RegistryError naming the plugin when it cannot give one."""
+    where = f"plugin {point.name!r} ({point.value})"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError:
-        return "family", {}  # load_model reports the syntax error with its line
-    data = data if isinstance(data, dict) else {}
-    return ("policy" if "policy" in data and "family" not in data else "family"), data
+        value = point.load()
+        value = value() if callable(value) else value
+    except Exception as exc:  # third-party code: whatever it raises is reported under its name
+        raise RegistryError(
+            f"{where}: its entry point failed: {type(exc).__name__}: {shorten(str(exc))}"
+        ) from None
+    if not isinstance(value, (str, os.PathLike)):
+        raise RegistryError(f"{where}: its entry point gave a {type(value).__name__}, not a directory path")
+    return Path(value)
 
 
 def plugin_directories() -> list[tuple[Path, str]]:
     """(directory, 'plugin <name>') for each installed plugin's `liger_registry.families` entry point.
 
     An entry point names a directory path (a string), or a callable returning one; importing it is also
-    how a plugin registers its forwards with `liger_registry.forwards.register_forward`.
+    how a plugin registers its forwards with `liger_registry.forwards.register_forward`. A plugin whose entry
+    point fails to import, raises, or gives something else than a path is skipped with a RegistryWarning naming
+    it (warn-and-skip: one broken third-party package must not take down the bundled families).
     """
     directories = []
     for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        value = point.load()
-        value = value() if callable(value) else value
-        directories.append((Path(value), f"plugin {point.name}"))
+        try:
+            directories.append((_plugin_directory(point), f"plugin {point.name}"))
+        except RegistryError as exc:
+            warnings.warn(f"liger_registry: {exc}; its families are skipped", RegistryWarning, stacklevel=3)
     return directories
 
 
+def _unique(directories: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
+    """The same directory named twice (LIGER_REGISTRY_PATH and load_registry(dir), say) is read once."""
+    seen, out = set(), []
+    for directory, source in directories:
+        key = directory.resolve() if directory.exists() else directory.absolute()
+        if key not in seen:
+            seen.add(key)
+            out.append((directory, source))
+    return out
+
+
 def registry_directories(extra_dirs: Iterable[str | os.PathLike]) -> list[tuple[Path, str]]:
-    """Every directory the registry reads, in order, each with where it came from."""
+    """Every directory the registry reads, once each, in order, each with where it came from."""
     env = [(Path(p), PATH_VARIABLE) for p in os.environ.get(PATH_VARIABLE, "").split(os.pathsep) if p]
     bundled = [(BUNDLED_FAMILIES, "bundled"), (BUNDLED_POLICIES, "bundled")]
-    return [*bundled, *plugin_directories(), *env, *((Path(d), "directory") for d in extra_dirs)]
+    return _unique([*bundled, *plugin_directories(), *env, *((Path(d), "directory") for d in extra_dirs)])
 
 
-_FUNCTION = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
+def _named_by(source: str) -> str:
+    if source == PATH_VARIABLE:
+        return f"named in the environment variable {PATH_VARIABLE}"
+    return "passed to load_registry()" if source == "directory" else f"given by {source}"
+
+
+# \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
+_FUNCTION = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*\Z")
 
 
 def forward_problem(path: Path, name: str) -> str | None:
@@ -151,31 +181,85 @@ def _add_family(registry: Registry, loaded: LoadedFamily, problems: list[str]) -
     registry.by_model_type.update(dict.fromkeys(entry.model_types, entry.family))
 
 
+def _load_file(registry: Registry, path: Path, source: str, problems: list[str]) -> None:
+    """One family or policy file into the registry, or its problems into `problems` (never another exception)."""
+    try:
+        data, node = load_yaml(path)
+    except RegistryError as exc:
+        problems.extend(exc.problems or [str(exc)])
+        return
+    kind = _kind(data)
+    try:
+        if kind == "policy":
+            registry.policies.append(LoadedPolicy(validate_model(path, PolicyFile, data, node), path, source))
+        else:
+            _add_family(registry, LoadedFamily(validate_model(path, FamilyEntry, data, node), path), problems)
+    except RegistryError as exc:
+        problems.extend(exc.problems or [str(exc)])
+        # the schema failed; the forward name is still checked, so one run reports both
+        if kind == "family" and isinstance(data, dict) and isinstance(data.get("forward"), str):
+            problems.extend(p for p in [forward_problem(path, data["forward"])] if p)
+
+
+def _load_directory(registry: Registry, directory: Path, source: str, problems: list[str]) -> None:
+    if not directory.is_dir():
+        problems.append(f"{directory}: registry directory does not exist ({_named_by(source)})")
+        return
+    for path in _yaml_files(directory):
+        _load_file(registry, path, source, problems)
+
+
+def _load_plugin(registry: Registry, directory: Path, source: str) -> None:
+    """A plugin's directory, all or nothing: on any problem its families are skipped with a RegistryWarning."""
+    before = (dict(registry.families), dict(registry.by_model_type), list(registry.policies))
+    problems: list[str] = []
+    _load_directory(registry, directory, source, problems)
+    if problems:
+        registry.families, registry.by_model_type, registry.policies = before
+        warnings.warn(
+            f"liger_registry: {source} is skipped, its families are not loaded:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            RegistryWarning,
+            stacklevel=3,
+        )
+
+
 def load_registry(*extra_dirs: str | os.PathLike) -> Registry:
     """Bundled families and policies, plugin and LIGER_REGISTRY_PATH directories, then `extra_dirs`.
 
-    Every problem of every file is collected and raised at once as one RegistryError.
+    Every problem of every file is collected and raised at once as one RegistryError, each naming its file
+    (unreadable, not UTF-8, a directory, a dangling link, an alias bomb, too deep, a duplicate key). A plugin
+    is the exception: its problems skip that plugin with a RegistryWarning (see `plugin_directories`).
     """
     registry, problems = Registry(), []
     for directory, source in registry_directories(extra_dirs):
-        if not directory.is_dir():
-            problems.append(f"{directory}: registry directory does not exist")
-            continue
-        for path in _yaml_files(directory):
-            kind, raw = _peek(path)
-            try:
-                if kind == "policy":
-                    registry.policies.append(LoadedPolicy(load_model(path, PolicyFile), path, source))
-                else:
-                    _add_family(registry, LoadedFamily(load_model(path, FamilyEntry), path), problems)
-            except RegistryError as exc:
-                problems.extend(exc.problems or [str(exc)])
-                # the schema failed; the forward name is still checked, so one run reports both
-                if kind == "family" and isinstance(raw.get("forward"), str):
-                    problems.extend(p for p in [forward_problem(path, raw["forward"])] if p)
+        if source.startswith("plugin "):
+            _load_plugin(registry, directory, source)
+        else:
+            _load_directory(registry, directory, source, problems)
+    problems += [
+        p for loaded in registry.policies for p in applies_to_problems(loaded.policy, loaded.path, registry)
+    ]
     if problems:
         raise RegistryError(f"the registry has {len(problems)} problem(s)", problems)
     return registry
+
+
+def applies_to_problems(policy: PolicyFile, path: Path, registry: Registry) -> list[str]:
+    """Names in a policy's `applies_to` that are no family of the registry (the policy would silently apply to
+    nothing there); a model type served by a family gets that family suggested."""
+    problems = []
+    for name in policy.applies_to:
+        if name == "*" or name in registry.families:
+            continue
+        family = registry.by_model_type.get(name)
+        hint = (
+            f"; it is a model type of family {family!r}: name the family"
+            if family
+            else suggest(name, registry.families)
+        )
+        problems.append(f"{path}: applies_to: {name!r} is not a family of the registry{hint}")
+    return problems
 
 
 def load_policy(path: str | os.PathLike) -> LoadedPolicy:

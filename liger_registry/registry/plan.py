@@ -14,7 +14,14 @@ from liger_registry.forwards import ForwardContext, bind_forward, get_forward
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.rebind import calls_function, rebind
 from liger_registry.registry.resolve import ResolvedConfig
-from liger_registry.registry.targets import import_module, moe_problems, resolve_class, resolve_name
+from liger_registry.registry.subclasses import overriding_modules, subclass_problem
+from liger_registry.registry.targets import (
+    head_problems,
+    import_module,
+    moe_problems,
+    resolve_class,
+    resolve_function,
+)
 from liger_registry.schemas import KINDS, FamilyEntry, KernelKind
 from liger_registry.schemas.kernel_kinds import FLCE_KEY
 
@@ -87,6 +94,9 @@ def _module_kernel(
     matched = [(name, m) for name, m in model.named_modules() if isinstance(m, classes)]
     if not matched:
         plan.problems.append(f"{kind.name}: no module of class {', '.join(spec.targets)} in the model")
+    overriding = overriding_modules(matched, classes, kind.method)
+    plan.problems += [f"{kind.name}: {p}" for p in overriding.values()]
+    matched = [(name, m) for name, m in matched if name not in overriding]
     for name, module in matched:
         missing = [a for a in spec.module_attributes(kind.attributes) if not hasattr(module, a)]
         if missing:
@@ -109,7 +119,7 @@ def _module_kernel(
 def _function_kernel(
     plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry, model: nn.Module | None
 ) -> None:
-    module, attr = resolve_name(entry, kind.function_name(spec))
+    module, attr = resolve_function(entry, kind.function_name(spec))
     replacement = maker(kind, spec)
     if model is not None and (callers := _callers(model, module, attr, replacement)):
         plan.replacements += [
@@ -158,7 +168,14 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
                 f"the model is a {type(model).__name__}, not a {entry.causal_lm}: no causal-LM head"
             )
         return
+    if model is not None and (problem := subclass_problem(type(model), cls, "forward")):
+        plan.problems.append(f"{FORWARD}: {problem}")
+        return
     spec = get_forward(entry.forward)
+    config = None if model is None else language_config(model.config, entry)
+    if spec.fuses and (problems := head_problems(entry, model, config)):  # a forward that reads the head
+        plan.problems += [f"{FORWARD}: {p}" for p in problems]
+        return
     if entry.flce.enabled and not spec.fuses:
         plan.problems.append(f"{FORWARD}: {never_fuses(entry.forward)}")
         return

@@ -9,7 +9,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from liger_registry.registry.errors import RegistryError, suggest
-from liger_registry.registry.loader import LoadedFamily, LoadedPolicy, Registry, load_policy
+from liger_registry.registry.loader import (
+    LoadedFamily,
+    LoadedPolicy,
+    Registry,
+    applies_to_problems,
+    load_policy,
+)
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
 from liger_registry.schemas.family import BUDGET_KNOBS, KNOB_SECTIONS
 
@@ -49,6 +55,9 @@ class ResolvedConfig:
     provenance: dict[str, Source] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     policies: list[str] = field(default_factory=list)
+    policy_files: dict[str, str] = field(
+        default_factory=dict
+    )  # applied policy -> where it came from, its file
 
     def source(self, knob: str) -> Source:
         return self.provenance[knob]
@@ -133,7 +142,7 @@ def resolve(
     explicit = flatten(entry.model_dump(include=set(KNOB_SECTIONS), exclude_unset=True))
     family_source = Source(2, entry.family, loaded.path)
     provenance = {k: family_source if k in explicit else Source(1, "") for k in values}
-    applied, problems = [], []
+    applied, problems, files = [], [], {}
     for bundled in registry.policies_for(entry.family):
         problems += _layer(
             values,
@@ -143,6 +152,7 @@ def resolve(
             entry.family,
         )
         applied.append(bundled.policy.policy)
+        files[bundled.policy.policy] = f"{bundled.origin}: {bundled.path}"
     for user in _user_policies(registry, policy):
         if user.policy.applies(entry.family):
             problems += _layer(
@@ -153,12 +163,13 @@ def resolve(
                 entry.family,
             )
             applied.append(user.policy.policy)
+            files[user.policy.policy] = f"{user.origin}: {user.path}"
     problems += _layer(values, provenance, validate_overrides(overrides or {}), Source(5, ""), entry.family)
     if problems:
         raise RegistryError(f"cannot resolve family {entry.family!r}", problems)
     merged = {**entry.model_dump(exclude=set(KNOB_SECTIONS)), **unflatten(values)}
     resolved = FamilyEntry.model_validate(merged)
-    return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied)
+    return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied, files)
 
 
 def _user_policies(registry: Registry, policy: str | Path | list | None) -> list[LoadedPolicy]:
@@ -166,7 +177,10 @@ def _user_policies(registry: Registry, policy: str | Path | list | None) -> list
     if policy is None:
         return []
     items = policy if isinstance(policy, (list, tuple)) else [policy]
-    return [_user_policy(registry, p) for p in items]
+    loaded = [_user_policy(registry, p) for p in items]
+    if problems := [p for user in loaded for p in applies_to_problems(user.policy, user.path, registry)]:
+        raise RegistryError("policy names what the registry does not have", problems)
+    return loaded
 
 
 def _user_policy(registry: Registry, policy: str | Path | LoadedPolicy) -> LoadedPolicy:

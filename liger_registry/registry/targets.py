@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import ModuleType
 from typing import Any
 
@@ -12,6 +13,7 @@ from packaging.version import Version
 
 from liger_registry.registry.errors import RegistryError
 from liger_registry.schemas import KINDS, FamilyEntry
+from liger_registry.schemas.family import HEAD_CONFIG_ATTRS
 
 
 def transformers_version() -> str:
@@ -52,12 +54,72 @@ def resolve_name(entry: FamilyEntry, name: str) -> tuple[ModuleType, str]:
     return module, attr
 
 
+def _defined_under_transformers(value: Any) -> bool:
+    return str(getattr(value, "__module__", "") or "").startswith("transformers.")
+
+
 def resolve_class(entry: FamilyEntry, name: str) -> type:
+    """A class *defined* under transformers: a torch class a modeling module imports (``nn.LayerNorm``) is
+    refused, so a class-wide apply can never replace a torch class's method process-wide."""
     module, attr = resolve_name(entry, name)
     value = getattr(module, attr)
     if not isinstance(value, type):
         raise RegistryError(f"family {entry.family!r}: {module.__name__}.{attr} is not a class")
+    if not _defined_under_transformers(value):
+        raise RegistryError(
+            f"family {entry.family!r}: {module.__name__}.{attr} is {value.__module__}.{value.__qualname__}, "
+            "defined outside transformers: only classes defined under transformers may be patched"
+        )
     return value
+
+
+def resolve_function(entry: FamilyEntry, name: str) -> tuple[ModuleType, str]:
+    """The module and name of a plain function defined under transformers (never a class, a module, a builtin
+    or a torch function re-exported by a modeling module)."""
+    module, attr = resolve_name(entry, name)
+    value = getattr(module, attr)
+    if not inspect.isfunction(value):
+        raise RegistryError(
+            f"family {entry.family!r}: {module.__name__}.{attr} is a {type(value).__name__}, not a function"
+        )
+    # a function of ours there is the replacement an earlier apply installed (module-wide, shared by handles)
+    if not (_defined_under_transformers(value) or value.__module__.startswith("liger_registry.")):
+        raise RegistryError(
+            f"family {entry.family!r}: {module.__name__}.{attr} is defined in {value.__module__}, outside "
+            "transformers: only functions defined under transformers may be replaced"
+        )
+    return module, attr
+
+
+HEAD_MODULE_ATTRS = ("lm_head", "base_model")
+
+
+def head_problems(entry: FamilyEntry, model: Any = None, config: Any = None) -> list[str]:
+    """The head's attribute names against what they name: each config attribute on the language config (the
+    model's, or by default the model type's default config; `head.optional_attrs` may be absent), and lm_head /
+    base_model on the model (when there is one). A misspelt name would otherwise silently skip its transform, or fail at the first forward."""
+    head = entry.head
+    if head is None:
+        return []
+    problems = []
+    names = {key: getattr(head, key) for key in HEAD_CONFIG_ATTRS if getattr(head, key) is not None}
+    if names:
+        try:
+            config = config if config is not None else default_language_config(entry)
+        except (ValueError, KeyError, TypeError, RegistryError) as exc:
+            return [f"family {entry.family!r}: cannot build the default config to check the head: {exc}"]
+        problems += [
+            f"family {entry.family!r}: head.{key}: {type(config).__name__} has no attribute {name!r}"
+            for key, name in names.items()
+            if not hasattr(config, name) and name not in head.optional_attrs
+        ]
+    if model is not None:
+        problems += [
+            f"family {entry.family!r}: head.{key}: {type(model).__name__} has no attribute {getattr(head, key)!r}"
+            for key in HEAD_MODULE_ATTRS
+            if not hasattr(model, getattr(head, key))
+        ]
+    return problems
 
 
 def target_problems(entry: FamilyEntry) -> list[str]:
@@ -79,7 +141,7 @@ def target_problems(entry: FamilyEntry) -> list[str]:
             problems.append(str(exc))
     for name in functions:
         try:
-            resolve_name(entry, name)
+            resolve_function(entry, name)
         except RegistryError as exc:
             problems.append(str(exc))
     return problems

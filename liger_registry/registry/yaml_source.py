@@ -1,4 +1,5 @@
-"""Safe YAML loading that keeps line numbers, and Pydantic errors turned into file:line: field messages."""
+"""Safe YAML loading within size, node and depth limits that keeps line numbers, and Pydantic errors turned into
+file:line: field messages."""
 
 from __future__ import annotations
 
@@ -13,16 +14,85 @@ from liger_registry.registry.errors import RegistryError, suggest
 M = TypeVar("M", bound=BaseModel)
 
 
-def _load(path: Path) -> tuple[Any, yaml.Node | None]:
-    text = path.read_text(encoding="utf-8")
+# What one registry file may be: bundled family files are < 10 KiB, < 2,000 nodes, < 10 levels deep.
+MAX_BYTES = 1 << 20
+MAX_NODES = 100_000  # counted with every alias expanded: a billion-laughs file stops here
+MAX_DEPTH = 64
+SHOWN = 200  # characters of an offending value or parser message quoted in an error
+
+
+def shorten(text: str, limit: int = SHOWN) -> str:
+    """Error text quotes at most `limit` characters of what it was given (never a whole input)."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def _read(path: Path) -> str:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise RegistryError(f"{path}: {size} bytes; a registry file may have at most {MAX_BYTES}")
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RegistryError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except IsADirectoryError:
+        raise RegistryError(f"{path}: is a directory, not a YAML file") from None
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: cannot be read (missing, or a dangling symlink)") from None
+    except OSError as exc:
+        raise RegistryError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
+def _shape_problems(path: Path, root: yaml.Node) -> list[str]:
+    """Too many nodes (aliases expanded), too deep, or a key written twice in one mapping (each with its line).
+
+    Iterative and bounded by MAX_NODES, so a recursive or exponential alias graph costs at most that many steps.
+    """
+    problems, count, stack = [], 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            return [f"{path}: more than {MAX_NODES} YAML nodes with aliases expanded (an alias bomb?)"]
+        if depth > MAX_DEPTH:
+            return [f"{path}:{node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels"]
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else None
+                if name is not None and name != "<<" and name in seen:
+                    problems.append(
+                        f"{path}:{key.start_mark.line + 1}: key {shorten(name, 60)!r} written twice in one "
+                        f"mapping (first at line {seen[name]}); the first would be silently dropped"
+                    )
+                seen.setdefault(name, key.start_mark.line + 1)
+                stack += [(key, depth + 1), (value, depth + 1)]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += [(child, depth + 1) for child in node.value]
+    return problems
+
+
+def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    """A file's data and its node tree (for line numbers), parsed once with PyYAML's safe loader, within the
+    limits above; every way a file can fail is a RegistryError naming it."""
+    text = _read(path)
+    loader = None
+    try:
+        loader = yaml.SafeLoader(text)  # its reader already refuses control characters
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        if problems := _shape_problems(path, node):
+            raise RegistryError(f"{path}: {len(problems)} problem(s)", problems)
+        return loader.construct_document(node), node
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise RegistryError(f"{path}{line}: not valid YAML: {exc}") from exc
-    return data, node
+        raise RegistryError(f"{path}{line}: not valid YAML: {shorten(str(exc), 2 * SHOWN)}") from None
+    except RecursionError:
+        raise RegistryError(f"{path}: nested deeper than the YAML parser can follow") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
 
 
 def _node_at(node: yaml.Node | None, loc: tuple) -> yaml.Node | None:
@@ -80,14 +150,13 @@ def format_errors(
             what = f"{owner_name} has no field {loc[-1]!r}" if owner_name else "unknown key"
             message = f"{what}{suggest(str(loc[-1]), allowed)}; allowed: {', '.join(allowed)}"
         elif err["type"] == "literal_error":
-            message = f"{message} (got {err.get('input')!r})"
-        problems.append(f"{path}{line}: {field}: {message}")
+            message = f"{message} (got {shorten(repr(err.get('input')))})"
+        problems.append(f"{path}{line}: {shorten(field, 120)}: {shorten(message, 4 * SHOWN)}")
     return problems
 
 
-def load_model(path: Path, model: type[M]) -> M:
-    """Parse and validate one YAML file; every problem in it is reported at once."""
-    data, node = _load(path)
+def validate_model(path: Path, model: type[M], data: Any, node: yaml.Node | None) -> M:
+    """Validate parsed YAML against a schema; every problem in it is reported at once, each with its line."""
     if not isinstance(data, dict):
         raise RegistryError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     try:
@@ -95,3 +164,8 @@ def load_model(path: Path, model: type[M]) -> M:
     except ValidationError as exc:
         problems = format_errors(path, model, exc, node)
         raise RegistryError(f"{path}: {len(problems)} problem(s)", problems) from None
+
+
+def load_model(path: Path, model: type[M]) -> M:
+    """Parse and validate one YAML file; every problem in it is reported at once."""
+    return validate_model(path, model, *load_yaml(path))

@@ -6,18 +6,24 @@ import re
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, PositiveInt, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default, default_list
 from liger_registry.schemas.kernel_kinds import KernelsSpec
+from liger_registry.schemas.tiny_config import tiny_config_problems
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
 FlceStrategy = Literal["auto", "tokens", "vocab"]
 AccumDtype = Literal["float32"]
 ZLossScale = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] | Annotated[StrictInt, Field(ge=0)]
 Smoothing = Annotated[StrictFloat, Field(ge=0, le=1)] | Annotated[StrictInt, Field(ge=0, le=1)]
-Mib = Annotated[StrictInt, Field(gt=0)] | Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)]
+Mib = (
+    Annotated[StrictInt, Field(gt=0, le=int(MAX_CHUNK_MIB))]
+    | Annotated[StrictFloat, Field(gt=0, le=MAX_CHUNK_MIB, allow_inf_nan=False)]
+)
+ChunkConst = Annotated[StrictInt, Field(ge=1, le=MAX_CHUNK_MEM_CONST)]
 BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
 
 
@@ -33,9 +39,10 @@ def one_budget(data: Any) -> Any:
     return {**data, "chunk_mem_const": None}
 
 
-_IDENT = re.compile(r"^[a-z][a-z0-9_]*$")
-_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
-_MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+$")
+# \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
+_IDENT = re.compile(r"^[a-z][a-z0-9_]*\Z")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z")
+_MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+\Z")
 
 
 class FlceSpec(StrictModel):
@@ -44,9 +51,8 @@ class FlceSpec(StrictModel):
     enabled: StrictBool = Field(
         default("flce.enabled"), description="Compute the training loss without materialising logits."
     )
-    chunk_mem_const: PositiveInt | None = Field(
+    chunk_mem_const: ChunkConst | None = Field(
         default("flce.chunk_mem_const"),
-        strict=True,
         description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks. One budget knob "
         "with max_chunk_mib: setting one clears the other (null when max_chunk_mib is set).",
     )
@@ -88,9 +94,8 @@ class FlceSpec(StrictModel):
 class JsdSpec(StrictModel):
     """Fused linear JSD / KL for distillation; its knobs are independent of FLCE's."""
 
-    chunk_mem_const: PositiveInt = Field(
+    chunk_mem_const: ChunkConst = Field(
         default("fused_linear_jsd.chunk_mem_const"),
-        strict=True,
         description="Chunk constant of the distillation loss.",
     )
 
@@ -123,6 +128,9 @@ class MoeSpec(StrictModel):
         }
 
 
+HEAD_CONFIG_ATTRS = ("softcap_attr", "logit_scale_attr", "logit_multiplier_attr")
+
+
 class HeadSpec(StrictModel):
     """Where the head is and how its logits are post-processed."""
 
@@ -140,6 +148,11 @@ class HeadSpec(StrictModel):
         None,
         description="Config attribute the logits are multiplied by (falcon_h1's lm_head_multiplier), if any.",
     )
+    optional_attrs: list[str] = Field(
+        default_factory=list,
+        description="Config attributes named above that may be absent from the language config (a multimodal "
+        "family whose text model varies); any other named attribute must exist, checked at apply and by lint.",
+    )
     router_logits_from_config: StrictBool = Field(
         True,
         description="MoE: output_router_logits=None falls back to config.output_router_logits, as the original does.",
@@ -148,6 +161,15 @@ class HeadSpec(StrictModel):
         None, description="Config attribute holding the language model's config (multimodal families)."
     )
     moe: MoeSpec = Field(default_factory=MoeSpec, description="What the MoE forward reads from transformers.")
+
+    @model_validator(mode="after")
+    def _optional_named(self) -> HeadSpec:
+        named = {getattr(self, key) for key in HEAD_CONFIG_ATTRS}
+        if stray := [a for a in self.optional_attrs if a not in named]:
+            raise ValueError(
+                f"optional_attrs {stray} are not named by {', '.join(HEAD_CONFIG_ATTRS)} (nothing to make optional)"
+            )
+        return self
 
 
 class FamilyEntry(StrictModel):
@@ -189,7 +211,8 @@ class FamilyEntry(StrictModel):
     tiny_config: dict[str, Any] = Field(
         default_factory=dict,
         description="Config values (over liger_registry.testing's small defaults) of the tiny model that "
-        "`lint --deep` and the parity suite build for this family.",
+        "`lint --deep` and the parity suite build for this family: plain config fields only (no private "
+        "`_` keys, auto_map, trust_remote_code or *_implementation: never remote code).",
     )
 
     @field_validator("family")
@@ -221,6 +244,13 @@ class FamilyEntry(StrictModel):
         bad = [v for v in value if not _VERSION.match(v)]
         if bad:
             raise ValueError(f"keys must be release numbers such as '5.24' or '5.24.1', got {bad}")
+        return value
+
+    @field_validator("tiny_config")
+    @classmethod
+    def _plain_config(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if problems := tiny_config_problems(value):
+            raise ValueError("; ".join(problems))
         return value
 
     def broken_on(self, version: str) -> str | None:

@@ -17,7 +17,8 @@ RopeLayout = Literal["rotate_half", "partial", "interleaved", "half_split", "com
 RMS_NORM, ROPE, GLU, LAYER_NORM, CROSS_ENTROPY = (
     f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "cross_entropy")
 )
-_TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*$")
+# \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
+_TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*\Z")
 
 
 def check_targets(targets: list[str]) -> list[str]:

@@ -4,23 +4,31 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveInt, StrictBool, create_model
+from pydantic import Field, StrictBool, create_model
 
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.family import AccumDtype, FlceStrategy, Mib, SkipLogitsMode, Smoothing, ZLossScale
+from liger_registry.schemas.family import (
+    AccumDtype,
+    ChunkConst,
+    FlceStrategy,
+    Mib,
+    SkipLogitsMode,
+    Smoothing,
+    ZLossScale,
+)
 from liger_registry.schemas.kernel_kinds import FLCE_KEY, KINDS
 
 # Knobs that are not a kernel kind's on/off switch: (knob path, type, field options).
 HEAD_OVERRIDES: dict[str, tuple[str, Any, dict[str, Any]]] = {
     FLCE_KEY: ("flce.enabled", StrictBool | None, {}),
-    "chunk_mem_const": ("flce.chunk_mem_const", PositiveInt | None, {"strict": True}),
+    "chunk_mem_const": ("flce.chunk_mem_const", ChunkConst | None, {}),
     "max_chunk_mib": ("flce.max_chunk_mib", Mib | None, {}),
     "flce_strategy": ("flce.strategy", FlceStrategy | None, {}),
     "lse_square_scale": ("flce.lse_square_scale", ZLossScale | None, {}),
     "label_smoothing": ("flce.label_smoothing", Smoothing | None, {}),
     "accum_dtype": ("flce.accum_dtype", AccumDtype | None, {}),
     "use_token_scaling": ("flce.use_token_scaling", StrictBool | None, {}),
-    "jsd_chunk_mem_const": ("fused_linear_jsd.chunk_mem_const", PositiveInt | None, {"strict": True}),
+    "jsd_chunk_mem_const": ("fused_linear_jsd.chunk_mem_const", ChunkConst | None, {}),
     "skip_logits": ("skip_logits", SkipLogitsMode | None, {}),
 }
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, PositiveInt, StrictBool, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.family import (
     AccumDtype,
+    ChunkConst,
     FlceStrategy,
     Mib,
     SkipLogitsMode,
@@ -23,8 +24,8 @@ class FlcePatch(StrictModel):
     """FLCE knobs a policy may set."""
 
     enabled: StrictBool | None = Field(None, description="Use FLCE for the training loss.")
-    chunk_mem_const: PositiveInt | None = Field(
-        None, strict=True, description="FLCE chunk constant C; clears max_chunk_mib of lower layers."
+    chunk_mem_const: ChunkConst | None = Field(
+        None, description="FLCE chunk constant C; clears max_chunk_mib of lower layers."
     )
     max_chunk_mib: Mib | None = Field(
         None, description="FLCE logits-buffer budget in MiB; clears chunk_mem_const of lower layers."
@@ -46,7 +47,7 @@ class FlcePatch(StrictModel):
 class JsdPatch(StrictModel):
     """Distillation-loss knobs a policy may set."""
 
-    chunk_mem_const: PositiveInt | None = Field(None, strict=True, description="JSD chunk constant.")
+    chunk_mem_const: ChunkConst | None = Field(None, description="JSD chunk constant.")
 
 
 class PolicyFile(StrictModel):
