@@ -39,21 +39,38 @@ def test_draft_agrees_with_the_hand_written_entry(model_type):
     )
 
 
-def test_draft_is_a_conservative_subset_of_the_variant_entry():
-    """phi3's bundled entry turns on the issue-12 variants (partial rope, fused gate_up), which the scaffold does
-    not draft yet: every kernel the draft enables is enabled by hand on the same targets, and nothing more."""
-    drafted, hand = _kernels(draft("phi3").entry), _kernels(BUNDLED.family_for("phi3").entry)
-    assert drafted.keys() == hand.keys()
-    for kernel, (enabled, targets) in drafted.items():
-        assert hand[kernel][1] == targets
-        assert not enabled or hand[kernel][0], kernel
-    assert drafted["rope"][0] is False and hand["rope"][0] is True
+def _variant_options(entry: FamilyEntry) -> dict:
+    k = entry.kernels
+    return {
+        "rope": (k.rope.layout, k.rope.function) if k.rope else None,
+        "glu": [(g.gate_up, g.down) for g in (k.swiglu, k.geglu) if g is not None],
+        "layer_norm": k.layer_norm.offset if k.layer_norm else None,
+    }
 
 
-def test_partial_rotary_and_fused_gate_up_are_left_off_with_reasons():
-    entry = draft("glm4").entry
-    assert not entry.kernels.rope.enabled and "partial rotary" in entry.kernels.rope.reason
-    assert not entry.kernels.swiglu.enabled and "gate_up" in entry.kernels.swiglu.reason
+@pytest.mark.parametrize("model_type", ["phi3", "glm4", "nemotron", "gpt_oss", "llama4_text"])
+def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type):
+    """phi3 (partial rope, fused gate_up), glm4 (interleaved rope, fused gate_up), nemotron (partial rope,
+    LayerNorm1P, relu²), gpt_oss (half-split rope, clamped experts gate), llama4 (complex rope): the draft turns
+    on the same kernels on the same targets with the same variant options as the entries written by hand."""
+    drafted, hand = draft(model_type).entry, BUNDLED.family_for(model_type).entry
+    assert _kernels(drafted) == _kernels(hand)
+    assert _variant_options(drafted) == _variant_options(hand)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "layout"), [("phi3", "partial"), ("glm4", "interleaved"), ("helium", "interleaved")]
+)
+def test_rope_and_fused_gate_up_variants_are_drafted_and_proven(model_type, layout):
+    result = scaffold(model_type)
+    assert result.ok and not result.corrections, (result.reasons, result.corrections)
+    assert result.proof.ok and max(result.proof.parity.values().values()) < 1e-5
+    rope = result.entry.kernels.rope
+    assert rope.enabled and rope.layout == layout
+    if model_type != "helium":
+        swiglu = result.entry.kernels.swiglu
+        assert swiglu.enabled and swiglu.gate_up == "gate_up_proj"
+    assert f"layout: {layout}" in result.yaml()
 
 
 def test_scaffold_proves_the_draft_and_emits_yaml_that_round_trips(tmp_path):
@@ -61,11 +78,23 @@ def test_scaffold_proves_the_draft_and_emits_yaml_that_round_trips(tmp_path):
     assert result.ok, result.reasons
     assert result.proof.ok and max(result.proof.parity.values().values()) < 1e-5
     assert result.entry.head.logit_multiplier_attr == "logit_scale"  # multiplies, does not divide
-    assert not result.entry.kernels.rope.enabled and "interleaved" in result.entry.kernels.rope.reason
     path = tmp_path / "cohere.yaml"
     path.write_text(result.yaml())
     assert load_model(path, FamilyEntry) == result.entry
     assert "casting_mode: llama" not in result.yaml()  # defaults are left out
+
+
+@pytest.mark.parametrize(
+    ("model_type", "words"),
+    [
+        ("cohere", "given per channel"),  # interleaved pairs with cos repeated per pair: no layout reads that
+        ("deepseek_v3", "none of the rope layouts"),  # de-interleaves q and k before rotate_half
+        ("deepseek_v2", "apply_rotary_emb's calls are reproduced by none"),  # heads before the sequence
+    ],
+)
+def test_rope_no_variant_reproduces_stays_off_with_its_reason(model_type, words):
+    rope = draft(model_type).entry.kernels.rope
+    assert not rope.enabled and words in rope.reason
 
 
 def test_jetmoe_is_refused_for_its_router_loss_names():
