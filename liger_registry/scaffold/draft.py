@@ -69,6 +69,7 @@ SUB_SMALL = {
     "num_key_value_heads": 2,
     "embed_dim": 32,
     "out_hidden_size": 32,
+    "ffn_hidden_size": 64,  # DBRX's ffn_config
 }
 # Distinct, none the reciprocal of another, so each knob's role (divide, multiply, softcap) is identifiable.
 KNOB_VALUES = (1.5, 0.7, 1.3, 2.0, 0.6, 1.75, 0.9, 1.2, 0.8, 2.5)
@@ -227,6 +228,16 @@ def tiny_overrides(config: PretrainedConfig, module_source: str = "") -> tuple[d
         text_values["pad_token_id"] = 0
     if text_attr is None and getattr(config, "tie_word_embeddings", False):
         text_values["tie_word_embeddings"] = True
+    for name, sub in vars(text).items():  # a text model's own sub-configs (DBRX's ffn_config and attn_config)
+        if not isinstance(sub, PretrainedConfig):
+            continue
+        small = _shrunk(sub, SUB_SMALL)
+        if "clip_qkv" in sub.to_dict() and sub.clip_qkv is None:
+            small["clip_qkv"] = (
+                8.0  # DBRX clamps q/k/v by it and fails on the default None; checkpoints set 8
+            )
+        if small:
+            text_values[name] = {**text_values.get(name, {}), **small}
     knobs = _scale_knobs(text)
     text_values.update(knobs)
     candidates = [k for k, v in knobs.items() if isinstance(v, float)]

@@ -97,10 +97,12 @@ def test_rope_no_variant_reproduces_stays_off_with_its_reason(model_type, words)
     assert not rope.enabled and words in rope.reason
 
 
-def test_jetmoe_is_refused_for_its_router_loss_names():
-    result = scaffold("jetmoe")
-    assert not result.ok and result.entry is None
-    assert "aux_loss_coef" in result.reasons[0] and "router_aux_loss_coef" in result.reasons[0]
+def test_jetmoe_router_loss_names_are_drafted_from_what_its_forward_reads():
+    """JetMoE's forward multiplies the aux loss by self.aux_loss_coef (config.aux_loss_coef): the draft names it
+    for causal_lm_moe instead of refusing, as the bundled entry does."""
+    entry = draft("jetmoe").entry
+    assert entry.forward == "causal_lm_moe" and entry.head.moe.coefficient_attr == "aux_loss_coef"
+    assert entry.head.moe == BUNDLED.family_for("jetmoe").entry.head.moe
 
 
 @pytest.mark.parametrize(
@@ -129,16 +131,16 @@ def test_cli_prints_writes_and_refuses(tmp_path, capsys):
     entry = load_model(tmp_path / "qwen3.yaml", FamilyEntry)
     assert entry.kernels.swiglu.enabled and entry.kernels.rope.enabled
     assert "proven" in capsys.readouterr().err
-    assert cli.main(["scaffold", "jetmoe"]) == 1
+    assert cli.main(["scaffold", "bert"]) == 1
     assert "refused" in capsys.readouterr().err
     assert cli.main(["scaffold"]) == 2
 
 
 def test_report_counts_and_groups():
-    results = scaffold_all(["qwen2", "jetmoe", "gpt-sw3"])
+    results = scaffold_all(["qwen2", "bert", "gpt-sw3"])
     report = format_report(results, 1.0)
     assert "3 causal-LM model types, 1 drafted and proven" in report and "2 refused" in report
-    assert "router aux loss" in report
+    assert "the output projection is not a direct attribute" in report
     assert reason_group("the tiny model's forward raised IndexError: list index 3 out of range") == (
         "the tiny model's forward raised IndexError"
     )
@@ -160,3 +162,17 @@ def test_default_configs_that_hide_a_code_path_are_changed():
         "linear_attention",
         "full_attention",
     ]
+
+
+def test_a_text_models_own_sub_configs_are_made_small():
+    """DBRX keeps its MLP sizes in ffn_config (3584 wide by default) and clamps q/k/v by attn_config.clip_qkv,
+    whose default None makes the forward raise: both are set so the tiny model is tiny and runs."""
+    from transformers import AutoConfig
+
+    tiny, _ = draft_module.tiny_overrides(AutoConfig.for_model("dbrx"))
+    assert tiny["ffn_config"]["ffn_hidden_size"] == 64 and tiny["ffn_config"]["hidden_size"] == 32
+    assert tiny["attn_config"]["clip_qkv"] == 8.0
+    model = draft_module.build_tiny(
+        draft_module._base_entry(draft_module.model_source("dbrx"), "dbrx", tiny, "causal_lm")
+    )
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
