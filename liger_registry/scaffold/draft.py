@@ -233,9 +233,8 @@ def tiny_overrides(config: PretrainedConfig, module_source: str = "") -> tuple[d
             continue
         small = _shrunk(sub, SUB_SMALL)
         if "clip_qkv" in sub.to_dict() and sub.clip_qkv is None:
-            small["clip_qkv"] = (
-                8.0  # DBRX clamps q/k/v by it and fails on the default None; checkpoints set 8
-            )
+            # DBRX clamps q/k/v by it and its forward raises on the default None; checkpoints set 8.
+            small["clip_qkv"] = 8.0
         if small:
             text_values[name] = {**text_values.get(name, {}), **small}
     knobs = _scale_knobs(text)
