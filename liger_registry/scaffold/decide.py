@@ -11,10 +11,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from liger_registry.kernels.glu_variants import (
+    GLU_KINDS,
+    glu_fused_torch,
+    relu_squared_torch,
+    swiglu_clamped_torch,
+)
 from liger_registry.kernels.torch_impl import geglu_torch, rms_norm_torch, swiglu_torch
-from liger_registry.modules.rope import apply_rotary_pos_emb as rope_dropin
 from liger_registry.scaffold.inspect import Captured
 from liger_registry.schemas import KINDS
+from liger_registry.schemas.kernels import RopeSpec
 
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 GLU_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("gate", "up", "down"))
@@ -141,7 +147,8 @@ def _is_layer_norm(module: nn.Module, x: torch.Tensor, want: torch.Tensor, eps: 
 
 
 def decide_layer_norm(captured: Captured) -> Verdict:
-    """A LayerNorm class with weight, bias and epsilon that computes F.layer_norm."""
+    """A LayerNorm class with weight, bias and epsilon that computes F.layer_norm with the weight, or with
+    weight + 1 (LayerNorm1P: offset 1)."""
     name, first = captured.cls.__name__, captured.instances[0]
     verdict = Verdict("layer_norm", captured.target or name)
     weight, bias = _norm_weight(first), getattr(first, "bias", None)
@@ -152,19 +159,78 @@ def decide_layer_norm(captured: Captured) -> Verdict:
             f"{name} has no {', '.join(missing) or 'bias parameter'} (the kernel needs weight, bias, eps)"
         )
         return verdict
+    offsets = set()
     for index, instance in enumerate(captured.instances[:3]):
         module = _with_random_weight(instance, index)
         x = _input(captured, index, module.weight.shape[0])
         with torch.no_grad():
             want = module(x)
         eps = getattr(module, eps_attr)
-        err = rel_err(F.layer_norm(x, (x.shape[-1],), module.weight, module.bias, eps), want)
-        if err > FP32_TOL:
+        errs = {
+            o: rel_err(F.layer_norm(x, (x.shape[-1],), module.weight + o, module.bias, eps), want)
+            for o in (0.0, 1.0)
+        }
+        offset = min(errs, key=errs.get)
+        if errs[offset] > FP32_TOL:
             verdict.reason = (
-                f"{name} does not compute F.layer_norm(x, weight, bias, eps) (max rel diff {err:.2g})"
+                f"{name} does not compute F.layer_norm(x, offset + weight, bias, eps) for offset 0 or 1 "
+                f"(best max rel diff {errs[offset]:.2g})"
             )
             return verdict
-    verdict.spec = {"eps_attr": eps_attr}
+        offsets.add(offset)
+    if len(offsets) > 1:
+        verdict.reason = f"{name}'s instances disagree on the weight offset ({sorted(offsets)})"
+        return verdict
+    verdict.spec = {"eps_attr": eps_attr, **({"offset": 1.0} if offsets.pop() else {})}
+    return verdict
+
+
+def is_relu_squared_candidate(cls: type) -> bool:
+    """An activation module of transformers' ACT2FN table (ReLUSquaredActivation is "relu2")."""
+    return cls.__module__ == "transformers.activations"
+
+
+def decide_relu_squared(captured: Captured) -> Verdict | None:
+    """relu_squared when the activation module computes relu(x) ** 2 on its inputs and on random ones; None for
+    another activation (not a candidate of any kernel)."""
+    name = captured.cls.__name__
+    generator = torch.Generator().manual_seed(0)
+    inputs = [
+        a[0].float() for a in captured.inputs if a and torch.is_tensor(a[0]) and a[0].is_floating_point()
+    ]
+    inputs.append(torch.randn(2, 5, 16, generator=generator) * 3)
+    with torch.no_grad():
+        for instance in captured.instances[:3]:
+            if any(rel_err(relu_squared_torch(x), instance(x)) > FP32_TOL for x in inputs):
+                return None
+    return Verdict("relu_squared", captured.target or name)
+
+
+def is_clamped_gate_candidate(cls: type, module: nn.Module) -> bool:
+    """An experts module with an `_apply_gate` method and float `limit` and `alpha` (GPT-OSS's experts)."""
+    return callable(getattr(cls, "_apply_gate", None)) and all(
+        isinstance(getattr(module, a, None), float) for a in ("limit", "alpha")
+    )
+
+
+def decide_clamped_gate(captured: Captured) -> Verdict:
+    """swiglu_clamped when `_apply_gate` computes GPT-OSS's clamped SwiGLU with the module's limit and alpha,
+    on random gate_up values that cross the limit."""
+    name = captured.cls.__name__
+    verdict = Verdict("swiglu_clamped", captured.target or name)
+    generator = torch.Generator().manual_seed(0)
+    for instance in captured.instances[:3]:
+        gate_up = torch.randn(2, 5, 16, generator=generator) * 2 * instance.limit
+        with torch.no_grad():
+            err = rel_err(
+                swiglu_clamped_torch(gate_up, instance.limit, instance.alpha), instance._apply_gate(gate_up)
+            )
+        if err > FP32_TOL:
+            verdict.reason = (
+                f"{name}._apply_gate does not compute the clamped SwiGLU over interleaved gate/up pairs with its "
+                f"limit and alpha (max rel diff {err:.2g})"
+            )
+            return verdict
     return verdict
 
 
@@ -181,33 +247,54 @@ def is_gated_mlp_candidate(cls: type, module: nn.Module) -> bool:
     return glu_projections(module) is not None or (fused and "MLP" in cls.__name__)
 
 
+def fused_glu_projections(module: nn.Module) -> tuple[str, str] | None:
+    """(gate_up, down): one fused gate-and-up linear and the down linear."""
+    gate_up = next((n for n in FUSED_GLU if isinstance(getattr(module, n, None), nn.Linear)), None)
+    down = next(
+        (n for n in ("down_proj", "down", "w2") if isinstance(getattr(module, n, None), nn.Linear)), None
+    )
+    return (gate_up, down) if gate_up is not None and down is not None else None
+
+
+def _glu_errors(module: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> dict[str, float]:
+    """Max rel diff of each gated kernel's formula from the module's output; names: (gate, up, down), or
+    (gate_up, down) split by chunk(2) with the gate first, as glu_fused splits it."""
+    with torch.no_grad():
+        want = module(x)
+        if len(names) == 2:
+            gate_up, down = (getattr(module, n) for n in names)
+            return {k: rel_err(down(glu_fused_torch(gate_up(x), k)), want) for k in GLU_KINDS}
+        gate, up, down = (getattr(module, n) for n in names)
+        fns = {"swiglu": swiglu_torch, "geglu": geglu_torch}
+        return {k: rel_err(down(f(gate(x), up(x))), want) for k, f in fns.items()}
+
+
+def _glu_formula(names: tuple[str, ...]) -> str:
+    if len(names) == 2:
+        return f"{names[1]}(act(gate) * up) with gate, up = {names[0]}(x).chunk(2)"
+    gate, up, down = names
+    return f"{down}(act({gate}(x)) * {up}(x))"
+
+
 def decide_glu(captured: Captured, config: Any) -> Verdict:
-    """swiglu or geglu: down(act(gate(x)) * up(x)) against the module's own output in fp32."""
+    """swiglu or geglu: down(act(gate(x)) * up(x)), or over one fused gate_up projection split gate-first,
+    against the module's own output in fp32."""
     name, first = captured.cls.__name__, captured.instances[0]
     verdict = Verdict("swiglu", captured.target or name)
-    names = glu_projections(first)
+    names = glu_projections(first) or fused_glu_projections(first)
     if names is None:
-        verdict.reason = (
-            f"{name} has one fused gate_up projection split in its forward, not separate gate and up"
-        )
+        verdict.reason = f"{name} has a fused gate_up projection but no down projection the kernel can name"
         return verdict
-    gate, up, down = names
-    fns = {"swiglu": swiglu_torch, "geglu": geglu_torch}
     found: set[str] = set()
     for index, instance in enumerate(captured.instances[:3]):
         module = _with_random_weight(instance, index).eval()
-        x = _input(captured, index, getattr(module, gate).in_features)
-        with torch.no_grad():
-            want = module(x)
-            errs = {
-                k: rel_err(getattr(module, down)(f(getattr(module, gate)(x), getattr(module, up)(x))), want)
-                for k, f in fns.items()
-            }
+        x = _input(captured, index, getattr(module, names[0]).in_features)
+        errs = _glu_errors(module, x, names)
         kernel = min(errs, key=errs.get)
         if errs[kernel] > FP32_TOL:
             verdict.reason = (
-                f"{name} does not compute {down}(act({gate}(x)) * {up}(x)) with silu or gelu_tanh "
-                f"(best max rel diff {errs[kernel]:.2g}: another activation, or multipliers)"
+                f"{name} does not compute {_glu_formula(names)} with silu or gelu_tanh "
+                f"(best max rel diff {errs[kernel]:.2g}: another activation, another split, or multipliers)"
             )
             return verdict
         found.add(kernel)
@@ -224,34 +311,82 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
             f"applier accepts for it ({', '.join(KINDS[verdict.kernel].activations)})"
         )
         return verdict
-    spec = dict(zip(("gate", "up", "down"), names, strict=True))
-    verdict.spec = {k: v for k, v in spec.items() if v != f"{k}_proj"}
+    roles = ("gate_up", "down") if len(names) == 2 else ("gate", "up", "down")
+    spec = dict(zip(roles, names, strict=True))
+    verdict.spec = {k: v for k, v in spec.items() if k == "gate_up" or v != f"{k}_proj"}
     if act_attr not in (None, "hidden_act"):
         verdict.spec["act_config_attr"] = act_attr
     return verdict
 
 
-def _interleaved(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+# Tried in this order: the first layout whose drop-in reproduces every recorded call is drafted (rotate_half
+# first, so a full-head rotary keeps the plain kernel that partial would also reproduce).
+ROPE_LAYOUTS = ("rotate_half", "partial", "interleaved", "half_split", "complex")
+
+
+def rope_dropin(layout: str):
+    """The drop-in function the rope kind installs for `layout`."""
+    from liger_registry.registry.plan import maker
+
+    return maker(KINDS["rope"], RopeSpec(layout=layout))
+
+
+def _low(value: Any) -> Any:
+    return value.to(torch.bfloat16) if torch.is_tensor(value) and value.is_floating_point() else value
+
+
+def _layout_error(layout: str, original: Any, calls: list[tuple[tuple, dict]]) -> str | None:
+    """Why the layout's drop-in does not reproduce the calls (values in fp32, result dtypes in bf16), or None."""
+    dropin = rope_dropin(layout)
+    for args, kwargs in calls:
+        try:
+            got, want = dropin(*args, **kwargs), original(*args, **kwargs)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        err = max(rel_err(g, w) for g, w in zip(got, want, strict=True))
+        if err > FP32_TOL:
+            return f"max rel diff {err:.2g}"
+        low_args, low_kwargs = tuple(_low(a) for a in args), {k: _low(v) for k, v in kwargs.items()}
+        got_dtypes = [t.dtype for t in dropin(*low_args, **low_kwargs)]
+        want_dtypes = [t.dtype for t in original(*low_args, **low_kwargs)]
+        if got_dtypes != want_dtypes:
+            return f"bf16 results in {got_dtypes}, the function's in {want_dtypes}"
+    return None
+
+
+def _per_channel_interleaved(args: tuple, kwargs: dict, want: torch.Tensor) -> bool:
+    """Interleaved pairs rotated by cos/sin given per channel (Cohere's repeat_interleave'd frequencies)."""
+    q, cos, sin = args[0], args[2] if len(args) > 2 else kwargs.get("cos"), args[3] if len(args) > 3 else None
+    if (
+        not (torch.is_tensor(q) and torch.is_tensor(cos) and torch.is_tensor(sin))
+        or cos.shape[-1] != q.shape[-1]
+    ):
+        return False
+    c, s = cos.unsqueeze(kwargs.get("unsqueeze_dim", 1)), sin.unsqueeze(kwargs.get("unsqueeze_dim", 1))
     rotated = torch.stack((-q[..., 1::2], q[..., ::2]), dim=-1).flatten(-2)
-    return q * cos + rotated * sin
+    return rel_err(q * c + rotated * s, want) <= FP32_TOL
 
 
-def _narrow_cos_reason(function: str, q: torch.Tensor, cos: torch.Tensor, q_out: torch.Tensor) -> str:
-    width = cos.shape[-1]
-    if torch.equal(q_out[..., width:], q[..., width:]):
+def _no_layout_reason(
+    function: str, original: Any, errors: dict[str, str], calls: list[tuple[tuple, dict]]
+) -> str:
+    args, kwargs = calls[0]
+    tried = "; ".join(f"{layout}: {err[:80]}" for layout, err in errors.items())
+    try:
+        want = original(*args, **kwargs)[0]
+    except (TypeError, ValueError, RuntimeError, IndexError):
+        want = None
+    if want is not None and _per_channel_interleaved(args, kwargs, want):
         return (
-            f"partial rotary: {function} rotates {width} of the {q.shape[-1]} channels of a head and passes the "
-            "rest through; the kernel rotates the whole head"
+            f"{function} rotates interleaved (even/odd) pairs by cos/sin given per channel (cos[2j] for pair j); "
+            f"the interleaved layout reads one cos per pair from the first half ({tried})"
         )
-    return (
-        f"{function} takes cos/sin of width {width} for heads of {q.shape[-1]} (half-width, not HF's "
-        "rotate_half layout with full-width cos/sin)"
-    )
+    return f"{function}'s calls are reproduced by none of the rope layouts ({tried})"
 
 
 def decide_rope(function: str, original: Any, calls: list[tuple[tuple, dict]]) -> Verdict:
-    """The function's recorded calls replayed through our drop-in: same q and k out, or why not."""
+    """The function's recorded calls replayed through each layout's drop-in: the first layout that gives the
+    same q and k (fp32 values, bf16 result dtypes), or why none does."""
     verdict = Verdict(
         "rope", function, spec={} if function == "apply_rotary_pos_emb" else {"function": function}
     )
@@ -260,31 +395,14 @@ def decide_rope(function: str, original: Any, calls: list[tuple[tuple, dict]]) -
             f"{function} is not called in a forward pass: the attention rotates q and k by other code"
         )
         return verdict
-    for args, kwargs in calls:
-        q, cos = args[0], args[2] if len(args) > 2 else kwargs.get("cos")
-        want = original(*args, **kwargs)
-        if torch.is_tensor(cos) and cos.shape[-1] != q.shape[-1]:
-            verdict.reason = _narrow_cos_reason(function, q, cos, want[0])
+    errors = {}
+    for layout in ROPE_LAYOUTS:
+        if (error := _layout_error(layout, original, calls)) is None:
+            if layout != "rotate_half":
+                verdict.spec["layout"] = layout
             return verdict
-        try:
-            got = rope_dropin(*args, **kwargs)
-        except (TypeError, ValueError) as exc:
-            verdict.reason = (
-                f"{function}'s calls do not fit the kernel's (q, k, cos, sin, unsqueeze_dim) contract: {exc}"
-            )
-            return verdict
-        err = max(rel_err(g, w) for g, w in zip(got, want, strict=False))
-        if err > FP32_TOL:
-            unsqueeze = kwargs.get("unsqueeze_dim", args[5] if len(args) > 5 else 1)
-            inter = (
-                torch.is_tensor(cos)
-                and rel_err(_interleaved(q, cos, args[3], unsqueeze), want[0]) <= FP32_TOL
-            )
-            layout = "interleaved (even/odd) pairs" if inter else "a layout other than rotate_half"
-            verdict.reason = (
-                f"{function} rotates {layout} (max rel diff {err:.2g}); the kernel rotates rotate_half halves"
-            )
-            return verdict
+        errors[layout] = error
+    verdict.reason = _no_layout_reason(function, original, errors, calls)
     return verdict
 
 

@@ -69,6 +69,7 @@ SUB_SMALL = {
     "num_key_value_heads": 2,
     "embed_dim": 32,
     "out_hidden_size": 32,
+    "ffn_hidden_size": 64,  # DBRX's ffn_config
 }
 # Distinct, none the reciprocal of another, so each knob's role (divide, multiply, softcap) is identifiable.
 KNOB_VALUES = (1.5, 0.7, 1.3, 2.0, 0.6, 1.75, 0.9, 1.2, 0.8, 2.5)
@@ -227,6 +228,15 @@ def tiny_overrides(config: PretrainedConfig, module_source: str = "") -> tuple[d
         text_values["pad_token_id"] = 0
     if text_attr is None and getattr(config, "tie_word_embeddings", False):
         text_values["tie_word_embeddings"] = True
+    for name, sub in vars(text).items():  # a text model's own sub-configs (DBRX's ffn_config and attn_config)
+        if not isinstance(sub, PretrainedConfig):
+            continue
+        small = _shrunk(sub, SUB_SMALL)
+        if "clip_qkv" in sub.to_dict() and sub.clip_qkv is None:
+            # DBRX clamps q/k/v by it and its forward raises on the default None; checkpoints set 8.
+            small["clip_qkv"] = 8.0
+        if small:
+            text_values[name] = {**text_values.get(name, {}), **small}
     knobs = _scale_knobs(text)
     text_values.update(knobs)
     candidates = [k for k, v in knobs.items() if isinstance(v, float)]
@@ -307,13 +317,22 @@ def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
     return notes
 
 
+def _activations(model: nn.Module) -> dict[str, Captured]:
+    return module_classes(model, decide.is_relu_squared_candidate)
+
+
+def _clamped_gates(model: nn.Module) -> dict[str, Captured]:
+    found = module_classes(model, lambda cls: callable(getattr(cls, "_apply_gate", None)))
+    return {n: c for n, c in found.items() if decide.is_clamped_gate_candidate(c.cls, c.instances[0])}
+
+
 def norm_and_mlp_verdicts(
     model: nn.Module, config: Any, run, source: ModelSource
 ) -> tuple[list[decide.Verdict], list[str]]:
-    norms, mlps = _leaf_norms(model), _gated_mlps(model)
-    for captured in (*norms.values(), *mlps.values()):
+    norms, mlps, activations = _leaf_norms(model), _gated_mlps(model), _activations(model)
+    for captured in (*norms.values(), *mlps.values(), *activations.values()):
         captured.target = target_name(captured.cls, source.module)
-    capture_inputs(model, {**norms, **mlps}, run)
+    capture_inputs(model, {**norms, **mlps, **activations}, run)
     verdicts = []
     for captured in norms.values():
         has_bias = isinstance(getattr(captured.instances[0], "bias", None), nn.Parameter)
@@ -324,22 +343,36 @@ def norm_and_mlp_verdicts(
             )  # filed, and explained, under the kernel it resembles
         verdicts.append(verdict)
     verdicts += [decide.decide_glu(captured, config) for captured in mlps.values()]
+    verdicts += [v for c in activations.values() if (v := decide.decide_relu_squared(c)) is not None]
+    for captured in _clamped_gates(model).values():
+        captured.target = target_name(captured.cls, source.module)
+        verdicts.append(decide.decide_clamped_gate(captured))
     return verdicts, _structure_notes(model, mlps)
 
 
 def rope_verdict(source: ModelSource, run) -> decide.Verdict:
-    """The drop-in replaces apply_rotary_pos_emb (HF's contract); any other rotary function is a reason."""
-    name, others = (
-        "apply_rotary_pos_emb",
-        [f for f in rotary_functions(source.module) if f != "apply_rotary_pos_emb"],
-    )
+    """The module's rotary functions that a forward pass calls (apply_rotary_pos_emb first), each replayed
+    through the rope layouts' drop-ins: the first one a layout reproduces, else why none is served."""
+    name = "apply_rotary_pos_emb"
+    others = [f for f in rotary_functions(source.module) if f != name]
     elsewhere = f" (the module has {', '.join(others)})" if others else ""
-    if not callable(getattr(source.module, name, None)):
+    present = [f for f in (name, *others) if callable(getattr(source.module, f, None))]
+    verdicts = [
+        decide.decide_rope(f, getattr(source.module, f), record_calls(source.module, f, run)) for f in present
+    ]
+    if ok := next((v for v in verdicts if v.ok), None):
+        return ok
+    called = [v for v in verdicts if "is not called" not in v.reason]
+    if called:
+        return called[0]
+    if name not in present:
         return decide.Verdict("rope", name, reason=f"the module has no {name} to replace{elsewhere}")
-    verdict = decide.decide_rope(name, getattr(source.module, name), record_calls(source.module, name, run))
-    if verdict.reason and "is not called" in verdict.reason:
-        verdict.reason += elsewhere
-    return verdict
+    return decide.Verdict(
+        "rope",
+        name,
+        reason=f"{name} is not called in a forward pass: the attention rotates q and k by "
+        f"other code{elsewhere}",
+    )
 
 
 def _section(verdicts: list[decide.Verdict], kernel: str, notes: list[str]) -> dict[str, Any] | None:
@@ -371,7 +404,7 @@ def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict, notes: list[s
     ):
         for verdict in glu_failures:
             verdict.kernel = "geglu"  # report an unfit MLP under the kernel its siblings get
-    for kernel in ("rms_norm", "layer_norm", "swiglu", "geglu"):
+    for kernel in ("rms_norm", "layer_norm", "swiglu", "geglu", "relu_squared", "swiglu_clamped"):
         if (section := _section(verdicts, kernel, notes)) is not None:
             kernels[kernel] = section
     if rope.ok:

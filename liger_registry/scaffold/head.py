@@ -17,6 +17,7 @@ _AUX_CALL = re.compile(r"load_balancing_loss_func\(\s*outputs\.router_logits,\s*
 _AUX_COEF = re.compile(r"loss\s*\+=\s*self\.(\w+)\s*\*\s*aux_loss")
 # What causal_lm_moe reads, in order: the ForCausalLM's attribute, then the (text) config's.
 MOE_NAMES = (("num_experts", "num_local_experts"), ("num_experts_per_tok",), ("router_aux_loss_coef",))
+MOE_FIELDS = ("num_experts_attrs", "top_k_attr", "coefficient_attr")  # the head.moe field of each
 
 
 class HeadRefused(Exception):
@@ -37,8 +38,10 @@ def _moe_value(model: nn.Module, config: Any, names: tuple[str, ...]) -> Any:
     return value
 
 
-def _check_router_loss(model: nn.Module, source: ModelSource, config: Any) -> None:
-    """causal_lm_moe must read the same expert count, top-k and coefficient as the original forward."""
+def _router_loss_names(model: nn.Module, source: ModelSource, config: Any) -> dict[str, Any]:
+    """The head.moe names causal_lm_moe must read to get the original's expert count, top-k and coefficient:
+    {} where the defaults do; the original's own names where its config holds them under those names (JetMoE's
+    aux_loss_coef); HeadRefused where neither does."""
     if not callable(getattr(source.module, "load_balancing_loss_func", None)):
         raise HeadRefused(f"router aux loss: {source.module_name} has no load_balancing_loss_func")
     code = pyinspect.getsource(source.causal_lm.forward)
@@ -47,12 +50,18 @@ def _check_router_loss(model: nn.Module, source: ModelSource, config: Any) -> No
         raise HeadRefused(
             "router aux loss: the forward computes it in a way causal_lm_moe does not (unparsed call)"
         )
-    for theirs, ours in zip((*call.groups(), coef.group(1)), MOE_NAMES, strict=True):
-        if getattr(model, theirs, None) != _moe_value(model, config, ours):
+    names: dict[str, Any] = {}
+    for theirs, ours, field in zip((*call.groups(), coef.group(1)), MOE_NAMES, MOE_FIELDS, strict=True):
+        value = getattr(model, theirs, None)
+        if value == _moe_value(model, config, ours):
+            continue
+        if value is None or getattr(config, theirs, None) != value:
             raise HeadRefused(
                 f"router aux loss: the original reads self.{theirs}; causal_lm_moe reads {' or '.join(ours)} "
                 "(an MoE config name the forward does not know)"
             )
+        names[field] = [theirs] if field == "num_experts_attrs" else theirs
+    return names
 
 
 def decide_head(
@@ -102,7 +111,8 @@ def decide_head(
         head["text_config_attr"] = text_attr
     forward = "causal_lm"
     if source_mentions(source.causal_lm, "load_balancing_loss_func"):
-        _check_router_loss(model, source, config)
+        if moe_names := _router_loss_names(model, source, config):
+            head["moe"] = moe_names
         forward = "causal_lm_moe"
         if not source_mentions(source.causal_lm, "config.output_router_logits"):
             head["router_logits_from_config"] = False

@@ -117,23 +117,126 @@ def test_rope_rotate_half_matches():
     assert decide.decide_rope("apply_rotary_pos_emb", fn, [_rope_call(8)]).ok
 
 
-def test_rope_partial_and_interleaved_are_named():
-    def partial(q, k, cos, sin, unsqueeze_dim=1):
-        d = cos.shape[-1]
-        q_rot, k_rot = modeling_llama.apply_rotary_pos_emb(q[..., :d], k[..., :d], cos, sin)
-        return torch.cat([q_rot, q[..., d:]], -1), torch.cat([k_rot, k[..., d:]], -1)
+def _llama_partial(q, k, cos, sin, unsqueeze_dim=1):
+    d = cos.shape[-1]
+    q_rot, k_rot = modeling_llama.apply_rotary_pos_emb(q[..., :d], k[..., :d], cos, sin, unsqueeze_dim)
+    return torch.cat([q_rot, q[..., d:]], -1), torch.cat([k_rot, k[..., d:]], -1)
 
-    def interleaved(q, k, cos, sin, unsqueeze_dim=1):
-        c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
 
-        def rot(x):
-            return torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
+def _per_channel_interleaved(q, k, cos, sin, unsqueeze_dim=1):
+    """Cohere's layout: pairs (2j, 2j + 1) with cos/sin given per channel."""
+    c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
 
-        return q * c + rot(q) * s, k * c + rot(k) * s
+    def rot(x):
+        return torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
 
-    assert "partial rotary" in decide.decide_rope("apply_rotary_pos_emb", partial, [_rope_call(4)]).reason
-    assert "interleaved" in decide.decide_rope("apply_rotary_pos_emb", interleaved, [_rope_call(8)]).reason
-    assert "not called" in decide.decide_rope("apply_rotary_pos_emb", partial, []).reason
+    return q * c + rot(q) * s, k * c + rot(k) * s
+
+
+def test_rope_variants_are_drafted_where_the_family_function_is_reproduced():
+    """Partial (phi3), interleaved with the first half's cos repeated per pair (glm4) and GPT-OSS's half-split:
+    each layout is told apart on the families' own functions, with full-head rotate_half kept as the default."""
+    from transformers.models.glm4 import modeling_glm4
+    from transformers.models.gpt_oss import modeling_gpt_oss
+    from transformers.models.phi3 import modeling_phi3
+
+    cases = [
+        (modeling_llama.apply_rotary_pos_emb, 8, {}),
+        (modeling_phi3.apply_rotary_pos_emb, 4, {"layout": "partial"}),
+        (_llama_partial, 4, {"layout": "partial"}),
+        (modeling_glm4.apply_rotary_pos_emb, 4, {"layout": "interleaved"}),
+        (modeling_glm4.apply_rotary_pos_emb, 8, {"layout": "interleaved"}),
+        (modeling_gpt_oss.apply_rotary_pos_emb, 4, {"layout": "half_split"}),
+    ]
+    for fn, width, spec in cases:
+        verdict = decide.decide_rope("apply_rotary_pos_emb", fn, [_rope_call(width)])
+        assert verdict.ok and verdict.spec == spec, (fn.__module__, width, verdict.reason)
+
+
+def test_rope_layouts_none_reproduces_are_refused_with_the_reason():
+    per_channel = decide.decide_rope("apply_rotary_pos_emb", _per_channel_interleaved, [_rope_call(8)])
+    assert not per_channel.ok and "given per channel" in per_channel.reason
+
+    def shifted(q, k, cos, sin, unsqueeze_dim=1):
+        return modeling_llama.apply_rotary_pos_emb(q, k, cos, sin + 0.1, unsqueeze_dim)
+
+    other = decide.decide_rope("apply_rotary_pos_emb", shifted, [_rope_call(8)])
+    assert not other.ok and "none of the rope layouts" in other.reason and "half_split" in other.reason
+    assert "not called" in decide.decide_rope("apply_rotary_pos_emb", _llama_partial, []).reason
+
+
+def test_rope_layout_whose_bf16_result_dtype_differs_is_refused():
+    def always_fp32(q, k, cos, sin, unsqueeze_dim=1):
+        q_out, k_out = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+        return q_out.float(), k_out.float()
+
+    verdict = decide.decide_rope("apply_rotary_pos_emb", always_fp32, [_rope_call(8)])
+    assert not verdict.ok and "bf16 results" in verdict.reason
+
+
+class FusedGateUpMLP(nn.Module):
+    def __init__(self, up_first=False):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(16, 64, bias=False)
+        self.down_proj = nn.Linear(32, 16, bias=False)
+        self.up_first = up_first
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        if self.up_first:
+            gate, up = up, gate
+        return self.down_proj(up * F.silu(gate))
+
+
+def test_fused_gate_up_is_drafted_gate_first_and_an_up_first_split_is_refused():
+    verdict = decide.decide_glu(captured(FusedGateUpMLP()), Config(hidden_act="silu"))
+    assert (verdict.kernel, verdict.ok, verdict.spec) == ("swiglu", True, {"gate_up": "gate_up_proj"})
+    up_first = decide.decide_glu(captured(FusedGateUpMLP(up_first=True)), Config(hidden_act="silu"))
+    assert not up_first.ok and "chunk(2)" in up_first.reason
+
+
+class LayerNorm1P(nn.LayerNorm):
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight + 1, self.bias, self.eps)
+
+
+class LayerNormTimesTwo(nn.LayerNorm):
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight * 2, self.bias, self.eps)
+
+
+def test_layer_norm_offset_one_is_layer_norm_1p():
+    plain = decide.decide_layer_norm(captured(nn.LayerNorm(16)))
+    one_p = decide.decide_layer_norm(captured(LayerNorm1P(16)))
+    assert plain.ok and plain.spec == {"eps_attr": "eps"}
+    assert one_p.ok and one_p.spec == {"eps_attr": "eps", "offset": 1.0}
+    assert not decide.decide_layer_norm(captured(LayerNormTimesTwo(16))).ok
+
+
+def test_relu_squared_only_for_an_activation_computing_it():
+    from transformers.activations import ACT2FN
+
+    relu2, gelu = ACT2FN["relu2"], ACT2FN["gelu_new"]
+    assert decide.is_relu_squared_candidate(type(relu2))
+    verdict = decide.decide_relu_squared(captured(relu2))
+    assert verdict is not None and verdict.ok and verdict.kernel == "relu_squared"
+    assert decide.decide_relu_squared(captured(gelu)) is None
+
+
+def test_clamped_gate_checked_against_the_experts_own_apply_gate():
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    config = modeling_gpt_oss.GptOssConfig(
+        hidden_size=16, intermediate_size=16, num_local_experts=2, num_attention_heads=2
+    )
+    experts = modeling_gpt_oss.GptOssExperts(config)
+    assert decide.is_clamped_gate_candidate(type(experts), experts)
+    assert decide.decide_clamped_gate(captured(experts)).ok
+    unclamped = type(
+        "Unclamped", (modeling_gpt_oss.GptOssExperts,), {"_apply_gate": lambda self, g: g[..., ::2]}
+    )
+    other = decide.decide_clamped_gate(captured(unclamped(config)))
+    assert not other.ok and "clamped SwiGLU" in other.reason
 
 
 def test_logit_roles_tell_divide_multiply_and_softcap_apart():

@@ -39,21 +39,38 @@ def test_draft_agrees_with_the_hand_written_entry(model_type):
     )
 
 
-def test_draft_is_a_conservative_subset_of_the_variant_entry():
-    """phi3's bundled entry turns on the issue-12 variants (partial rope, fused gate_up), which the scaffold does
-    not draft yet: every kernel the draft enables is enabled by hand on the same targets, and nothing more."""
-    drafted, hand = _kernels(draft("phi3").entry), _kernels(BUNDLED.family_for("phi3").entry)
-    assert drafted.keys() == hand.keys()
-    for kernel, (enabled, targets) in drafted.items():
-        assert hand[kernel][1] == targets
-        assert not enabled or hand[kernel][0], kernel
-    assert drafted["rope"][0] is False and hand["rope"][0] is True
+def _variant_options(entry: FamilyEntry) -> dict:
+    k = entry.kernels
+    return {
+        "rope": (k.rope.layout, k.rope.function) if k.rope else None,
+        "glu": [(g.gate_up, g.down) for g in (k.swiglu, k.geglu) if g is not None],
+        "layer_norm": k.layer_norm.offset if k.layer_norm else None,
+    }
 
 
-def test_partial_rotary_and_fused_gate_up_are_left_off_with_reasons():
-    entry = draft("glm4").entry
-    assert not entry.kernels.rope.enabled and "partial rotary" in entry.kernels.rope.reason
-    assert not entry.kernels.swiglu.enabled and "gate_up" in entry.kernels.swiglu.reason
+@pytest.mark.parametrize("model_type", ["phi3", "glm4", "nemotron", "gpt_oss", "llama4_text"])
+def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type):
+    """phi3 (partial rope, fused gate_up), glm4 (interleaved rope, fused gate_up), nemotron (partial rope,
+    LayerNorm1P, relu²), gpt_oss (half-split rope, clamped experts gate), llama4 (complex rope): the draft turns
+    on the same kernels on the same targets with the same variant options as the entries written by hand."""
+    drafted, hand = draft(model_type).entry, BUNDLED.family_for(model_type).entry
+    assert _kernels(drafted) == _kernels(hand)
+    assert _variant_options(drafted) == _variant_options(hand)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "layout"), [("phi3", "partial"), ("glm4", "interleaved"), ("helium", "interleaved")]
+)
+def test_rope_and_fused_gate_up_variants_are_drafted_and_proven(model_type, layout):
+    result = scaffold(model_type)
+    assert result.ok and not result.corrections, (result.reasons, result.corrections)
+    assert result.proof.ok and max(result.proof.parity.values().values()) < 1e-5
+    rope = result.entry.kernels.rope
+    assert rope.enabled and rope.layout == layout
+    if model_type != "helium":
+        swiglu = result.entry.kernels.swiglu
+        assert swiglu.enabled and swiglu.gate_up == "gate_up_proj"
+    assert f"layout: {layout}" in result.yaml()
 
 
 def test_scaffold_proves_the_draft_and_emits_yaml_that_round_trips(tmp_path):
@@ -61,17 +78,31 @@ def test_scaffold_proves_the_draft_and_emits_yaml_that_round_trips(tmp_path):
     assert result.ok, result.reasons
     assert result.proof.ok and max(result.proof.parity.values().values()) < 1e-5
     assert result.entry.head.logit_multiplier_attr == "logit_scale"  # multiplies, does not divide
-    assert not result.entry.kernels.rope.enabled and "interleaved" in result.entry.kernels.rope.reason
     path = tmp_path / "cohere.yaml"
     path.write_text(result.yaml())
     assert load_model(path, FamilyEntry) == result.entry
     assert "casting_mode: llama" not in result.yaml()  # defaults are left out
 
 
-def test_jetmoe_is_refused_for_its_router_loss_names():
-    result = scaffold("jetmoe")
-    assert not result.ok and result.entry is None
-    assert "aux_loss_coef" in result.reasons[0] and "router_aux_loss_coef" in result.reasons[0]
+@pytest.mark.parametrize(
+    ("model_type", "words"),
+    [
+        ("cohere", "given per channel"),  # interleaved pairs with cos repeated per pair: no layout reads that
+        ("deepseek_v3", "none of the rope layouts"),  # de-interleaves q and k before rotate_half
+        ("deepseek_v2", "apply_rotary_emb's calls are reproduced by none"),  # heads before the sequence
+    ],
+)
+def test_rope_no_variant_reproduces_stays_off_with_its_reason(model_type, words):
+    rope = draft(model_type).entry.kernels.rope
+    assert not rope.enabled and words in rope.reason
+
+
+def test_jetmoe_router_loss_names_are_drafted_from_what_its_forward_reads():
+    """JetMoE's forward multiplies the aux loss by self.aux_loss_coef (config.aux_loss_coef): the draft names it
+    for causal_lm_moe instead of refusing, as the bundled entry does."""
+    entry = draft("jetmoe").entry
+    assert entry.forward == "causal_lm_moe" and entry.head.moe.coefficient_attr == "aux_loss_coef"
+    assert entry.head.moe == BUNDLED.family_for("jetmoe").entry.head.moe
 
 
 @pytest.mark.parametrize(
@@ -100,16 +131,16 @@ def test_cli_prints_writes_and_refuses(tmp_path, capsys):
     entry = load_model(tmp_path / "qwen3.yaml", FamilyEntry)
     assert entry.kernels.swiglu.enabled and entry.kernels.rope.enabled
     assert "proven" in capsys.readouterr().err
-    assert cli.main(["scaffold", "jetmoe"]) == 1
+    assert cli.main(["scaffold", "bert"]) == 1
     assert "refused" in capsys.readouterr().err
     assert cli.main(["scaffold"]) == 2
 
 
 def test_report_counts_and_groups():
-    results = scaffold_all(["qwen2", "jetmoe", "gpt-sw3"])
+    results = scaffold_all(["qwen2", "bert", "gpt-sw3"])
     report = format_report(results, 1.0)
     assert "3 causal-LM model types, 1 drafted and proven" in report and "2 refused" in report
-    assert "router aux loss" in report
+    assert "the output projection is not a direct attribute" in report
     assert reason_group("the tiny model's forward raised IndexError: list index 3 out of range") == (
         "the tiny model's forward raised IndexError"
     )
@@ -131,3 +162,17 @@ def test_default_configs_that_hide_a_code_path_are_changed():
         "linear_attention",
         "full_attention",
     ]
+
+
+def test_a_text_models_own_sub_configs_are_made_small():
+    """DBRX keeps its MLP sizes in ffn_config (3584 wide by default) and clamps q/k/v by attn_config.clip_qkv,
+    whose default None makes the forward raise: both are set so the tiny model is tiny and runs."""
+    from transformers import AutoConfig
+
+    tiny, _ = draft_module.tiny_overrides(AutoConfig.for_model("dbrx"))
+    assert tiny["ffn_config"]["ffn_hidden_size"] == 64 and tiny["ffn_config"]["hidden_size"] == 32
+    assert tiny["attn_config"]["clip_qkv"] == 8.0
+    model = draft_module.build_tiny(
+        draft_module._base_entry(draft_module.model_source("dbrx"), "dbrx", tiny, "causal_lm")
+    )
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
