@@ -16,7 +16,8 @@ def rows(model, n: int = 8, seq: int = 16, seed: int = 0) -> list[dict[str, torc
     return [{k: v[i] for k, v in batch.items()} for i in range(n)]
 
 
-def args(tmp_path, **kw) -> TrainingArguments:
+def args(tmp_path, cls=TrainingArguments, **kw) -> TrainingArguments:
+    """Quiet, CPU-only, seeded arguments of a Trainer (``cls``: TrainingArguments or a TRL config)."""
     base = dict(
         output_dir=str(tmp_path),
         max_steps=3,
@@ -32,7 +33,7 @@ def args(tmp_path, **kw) -> TrainingArguments:
         dataloader_num_workers=0,
     )
     base.update(kw)
-    return TrainingArguments(**base)
+    return cls(**base)
 
 
 def losses(trainer) -> list[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
+from integration_helpers import args
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -29,18 +30,7 @@ def sft(tmp_path, model, steps: int = 3):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (8, 12), generator=gen).tolist()
     data = Dataset.from_dict({"input_ids": ids})
-    config = trl.SFTConfig(
-        output_dir=str(tmp_path),
-        max_steps=steps,
-        per_device_train_batch_size=2,
-        learning_rate=1e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
+    config = args(tmp_path, cls=trl.SFTConfig, max_steps=steps)
     return trl.SFTTrainer(
         model=model, args=config, train_dataset=data, processing_class=tokenizer(model.config.vocab_size)
     )
