@@ -121,6 +121,8 @@ def test_mutated_family_file_loads_or_is_a_registry_error(case, only_this_direct
                 pass
 
 
+# on a CUDA machine (the H200 run) the label cases run on the GPU: Triton compiled, labels checked on the device
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch"] + (["triton"] if triton_utils.INTERPRET_AT_IMPORT or torch.cuda.is_available() else [])
 
 
@@ -145,7 +147,7 @@ def _reference(logits, target, ignore_index, extra):
     """Plain PyTorch; an all-ignored mean is 0 here (liger_registry's documented choice), NaN there."""
     valid = target != ignore_index
     if extra["reduction"] == "mean" and not valid.any():
-        return torch.zeros(())
+        return torch.zeros((), device=logits.device)
     safe = torch.where(valid, target, torch.full_like(target, -100))
     return F.cross_entropy(logits, safe, ignore_index=-100, **extra)
 
@@ -178,8 +180,9 @@ def check_labels_case(backend, case, strategy, seed, monkeypatch, cases) -> None
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)
     monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)
     g = torch.Generator().manual_seed(seed)
-    hidden, weight = torch.randn(len(labels), 8, generator=g), torch.randn(v, 8, generator=g)
-    target = torch.tensor(labels, dtype=torch.int64)
+    hidden = torch.randn(len(labels), 8, generator=g).to(DEVICE)
+    weight = torch.randn(v, 8, generator=g).to(DEVICE)
+    target = torch.tensor(labels, dtype=torch.int64, device=DEVICE)
     logits = hidden @ weight.t()
     ok = all(0 <= t < v or t == ignore_index for t in labels)
     cases.tried(2)

@@ -10,6 +10,8 @@ from liger_registry import kernels as K
 from liger_registry.kernels import flce_planner, triton_utils
 
 V, H, N = 24, 8, 10
+# on a CUDA machine (the H200 run) the same cases run on the GPU: Triton compiled, labels checked on the device
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ["torch"] + (["triton"] if triton_utils.INTERPRET_AT_IMPORT or torch.cuda.is_available() else [])
 STRATEGIES = ["tokens", "vocab"]
 # (bad label, ignore_index): out of range above, negative but not the ignore value, a custom ignore value
@@ -26,11 +28,11 @@ def backend(request, monkeypatch):
 
 def _inputs(seed=0):
     g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(N, H, generator=g, requires_grad=True)
-    weight = torch.randn(V, H, generator=g, requires_grad=True)
+    hidden = torch.randn(N, H, generator=g).to(DEVICE).requires_grad_()
+    weight = torch.randn(V, H, generator=g).to(DEVICE).requires_grad_()
     target = torch.randint(0, V, (N,), generator=g)
     target[3] = -100
-    return hidden, weight, target
+    return hidden, weight, target.to(DEVICE)
 
 
 @pytest.mark.reliability("silent_wrong")
@@ -48,7 +50,7 @@ def test_flce_refuses_out_of_range_labels(backend, strategy, cases) -> None:
 def test_cross_entropy_refuses_out_of_range_labels(backend, cases) -> None:
     for bad, ignore_index in BAD:
         _, _, target = _inputs()
-        logits = torch.randn(N, V, requires_grad=True)
+        logits = torch.randn(N, V, device=DEVICE, requires_grad=True)
         target[5] = bad
         cases.tried()
         with pytest.raises(ValueError, match=rf"out of range: (.*, )?{bad}(,|;)"):
@@ -85,7 +87,7 @@ def test_same_message_on_both_backends(monkeypatch, cases) -> None:
     for backend in BACKENDS:
         monkeypatch.setenv(K.ENV_VAR, backend)
         hidden, weight, target = _inputs()
-        target[[1, 2]] = torch.tensor([V + 3, -5])
+        target[[1, 2]] = torch.tensor([V + 3, -5], device=DEVICE)
         for fn, first in ((K.fused_linear_cross_entropy, hidden), (K.cross_entropy, hidden @ weight.t())):
             cases.tried()
             with pytest.raises(ValueError) as info:
