@@ -39,6 +39,22 @@ def apply_rotary_pos_emb_interleaved(q, k, cos, sin, unsqueeze_dim=1):
     return _rope(q, k, cos[..., :half], sin[..., :half], unsqueeze_dim, interleaved=True, cos_per_pair=True)
 
 
+def apply_rotary_pos_emb_interleaved_fp32(q, k, cos, sin, unsqueeze_dim=1):
+    """The interleaved layout rotated in fp32 with results in q's / k's dtypes: ``apply_rotary_pos_emb`` of
+    ernie4_5 and ernie4_5_moe (their rotary embedding keeps cos/sin in fp32 and the function casts back)."""
+    half = cos.shape[-1] // 2
+    return _rope(
+        q,
+        k,
+        cos[..., :half],
+        sin[..., :half],
+        unsqueeze_dim,
+        interleaved=True,
+        cos_per_pair=True,
+        upcast=True,
+    )
+
+
 def apply_rotary_pos_emb_half_split(q, k, cos, sin, unsqueeze_dim=1):
     """GPT-OSS's ``apply_rotary_pos_emb`` (``_apply_rotary_emb``): the head splits in two halves, pair j is
     (j, j + head_dim/2), and cos/sin hold one value per pair ([batch, seq, head_dim / 2])."""

@@ -321,7 +321,7 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
 
 # Tried in this order: the first layout whose drop-in reproduces every recorded call is drafted (rotate_half
 # first, so a full-head rotary keeps the plain kernel that partial would also reproduce).
-ROPE_LAYOUTS = ("rotate_half", "partial", "interleaved", "half_split", "complex")
+ROPE_LAYOUTS = ("rotate_half", "partial", "interleaved", "interleaved_fp32", "half_split", "complex")
 
 
 def rope_dropin(layout: str):
@@ -335,8 +335,15 @@ def _low(value: Any) -> Any:
     return value.to(torch.bfloat16) if torch.is_tensor(value) and value.is_floating_point() else value
 
 
-def _layout_error(layout: str, original: Any, calls: list[tuple[tuple, dict]]) -> str | None:
-    """Why the layout's drop-in does not reproduce the calls (values in fp32, result dtypes in bf16), or None."""
+def _layout_error(
+    layout: str,
+    original: Any,
+    calls: list[tuple[tuple, dict]],
+    low_calls: list[tuple[tuple, dict]] | None = None,
+) -> str | None:
+    """Why the layout's drop-in does not reproduce the calls (values in fp32), or None. Result dtypes are
+    compared on ``low_calls`` (recorded from the model in bf16: q/k in bf16, cos/sin in whatever dtype the
+    family's rotary embedding gives them), else on the fp32 calls with every float argument lowered to bf16."""
     dropin = rope_dropin(layout)
     for args, kwargs in calls:
         try:
@@ -346,9 +353,13 @@ def _layout_error(layout: str, original: Any, calls: list[tuple[tuple, dict]]) -
         err = max(rel_err(g, w) for g, w in zip(got, want, strict=True))
         if err > FP32_TOL:
             return f"max rel diff {err:.2g}"
-        low_args, low_kwargs = tuple(_low(a) for a in args), {k: _low(v) for k, v in kwargs.items()}
-        got_dtypes = [t.dtype for t in dropin(*low_args, **low_kwargs)]
-        want_dtypes = [t.dtype for t in original(*low_args, **low_kwargs)]
+    if low_calls is None:
+        low_calls = [
+            (tuple(_low(a) for a in args), {k: _low(v) for k, v in kw.items()}) for args, kw in calls
+        ]
+    for args, kwargs in low_calls:
+        got_dtypes = [t.dtype for t in dropin(*args, **kwargs)]
+        want_dtypes = [t.dtype for t in original(*args, **kwargs)]
         if got_dtypes != want_dtypes:
             return f"bf16 results in {got_dtypes}, the function's in {want_dtypes}"
     return None
@@ -384,9 +395,15 @@ def _no_layout_reason(
     return f"{function}'s calls are reproduced by none of the rope layouts ({tried})"
 
 
-def decide_rope(function: str, original: Any, calls: list[tuple[tuple, dict]]) -> Verdict:
+def decide_rope(
+    function: str,
+    original: Any,
+    calls: list[tuple[tuple, dict]],
+    low_calls: list[tuple[tuple, dict]] | None = None,
+) -> Verdict:
     """The function's recorded calls replayed through each layout's drop-in: the first layout that gives the
-    same q and k (fp32 values, bf16 result dtypes), or why none does."""
+    same q and k (fp32 values; result dtypes on ``low_calls``, the calls of the model in bf16), or why none
+    does."""
     verdict = Verdict(
         "rope", function, spec={} if function == "apply_rotary_pos_emb" else {"function": function}
     )
@@ -397,7 +414,7 @@ def decide_rope(function: str, original: Any, calls: list[tuple[tuple, dict]]) -
         return verdict
     errors = {}
     for layout in ROPE_LAYOUTS:
-        if (error := _layout_error(layout, original, calls)) is None:
+        if (error := _layout_error(layout, original, calls, low_calls)) is None:
             if layout != "rotate_half":
                 verdict.spec["layout"] = layout
             return verdict

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect as pyinspect
 import re
 from dataclasses import dataclass, field
@@ -350,15 +351,23 @@ def norm_and_mlp_verdicts(
     return verdicts, _structure_notes(model, mlps)
 
 
-def rope_verdict(source: ModelSource, run) -> decide.Verdict:
+def rope_verdict(source: ModelSource, run, run_low=None) -> decide.Verdict:
     """The module's rotary functions that a forward pass calls (apply_rotary_pos_emb first), each replayed
-    through the rope layouts' drop-ins: the first one a layout reproduces, else why none is served."""
+    through the rope layouts' drop-ins: the first one a layout reproduces, else why none is served. ``run_low``
+    runs the model in bf16: its calls carry the dtypes a bf16 model really passes (a family may keep cos/sin in
+    fp32 and cast the results back)."""
     name = "apply_rotary_pos_emb"
     others = [f for f in rotary_functions(source.module) if f != name]
     elsewhere = f" (the module has {', '.join(others)})" if others else ""
     present = [f for f in (name, *others) if callable(getattr(source.module, f, None))]
     verdicts = [
-        decide.decide_rope(f, getattr(source.module, f), record_calls(source.module, f, run)) for f in present
+        decide.decide_rope(
+            f,
+            getattr(source.module, f),
+            record_calls(source.module, f, run),
+            None if run_low is None else record_calls(source.module, f, run_low),
+        )
+        for f in present
     ]
     if ok := next((v for v in verdicts if v.ok), None):
         return ok
@@ -442,9 +451,13 @@ def draft(model_type: str, family: str | None = None) -> Draft:
     def run() -> Any:
         return model(**inputs)
 
+    def run_low() -> Any:
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        return low(**inputs)
+
     try:
         verdicts, notes = norm_and_mlp_verdicts(model, model.config.get_text_config(), run, source)
-        rope = rope_verdict(source, run)
+        rope = rope_verdict(source, run, run_low)
         head = decide_head(model, source, text_attr, candidates, inputs)
     except HeadRefused as exc:
         raise Refused(str(exc)) from exc

@@ -115,6 +115,11 @@ KINDS: dict[str, KernelKind] = {
                     "rope_variant",
                 ),
                 (
+                    "interleaved_fp32",
+                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_interleaved_fp32",
+                    "rope_variant",
+                ),
+                (
                     "half_split",
                     "liger_registry.modules.rope_variants:apply_rotary_pos_emb_half_split",
                     "rope_variant",

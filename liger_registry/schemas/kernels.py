@@ -12,7 +12,7 @@ from liger_registry.schemas.defaults import default
 
 CastingMode = Literal["llama", "gemma", "none"]
 # How a family's rotary function pairs and rotates the channels; each layout has its own drop-in (kernel_kinds).
-RopeLayout = Literal["rotate_half", "partial", "interleaved", "half_split", "complex"]
+RopeLayout = Literal["rotate_half", "partial", "interleaved", "interleaved_fp32", "half_split", "complex"]
 # Sections of registry/defaults.yaml the specs read their defaults from.
 RMS_NORM, ROPE, GLU, LAYER_NORM, CROSS_ENTROPY = (
     f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "cross_entropy")
@@ -138,6 +138,7 @@ class RopeSpec(KernelSpec):
         description="rotate_half: HF's rotate_half over the whole head, results in q's and k's dtypes; "
         "partial: rotate_half on the first cos.shape[-1] channels, the rest passed through (phi3, nemotron, "
         "qwen3_next, qwen3_5); interleaved: pairs (2j, 2j+1) on the first cos.shape[-1] channels (glm4); "
+        "interleaved_fp32: the same rotated in fp32, results in q's and k's dtypes (ernie4_5); "
         "half_split: GPT-OSS's halves with one cos per pair; complex: llama4's apply_rotary_emb(xq, xk, "
         "freqs_cis).",
     )

@@ -39,3 +39,24 @@ def test_seq_first_layout():
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="unsqueeze_dim"):
         apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=3)
+
+
+@pytest.mark.parametrize("model_type", ["ernie4_5", "ernie4_5_moe"])
+def test_interleaved_fp32_matches_ernie_in_value_and_dtype(model_type):
+    """ernie4_5 keeps cos/sin in fp32, rotates interleaved pairs in fp32 and casts back: the drop-in does the same
+    (the plain interleaved drop-in would hand the attention fp32 q/k and break its bf16 o_proj)."""
+    import importlib
+
+    from liger_registry.modules.rope_variants import apply_rotary_pos_emb_interleaved_fp32
+
+    hf = importlib.import_module(
+        f"transformers.models.{model_type}.modeling_{model_type}"
+    ).apply_rotary_pos_emb
+    q, k, cos, sin = _inputs(torch.bfloat16, torch.float32)
+    ours, ref = apply_rotary_pos_emb_interleaved_fp32(q, k, cos, sin), hf(q, k, cos, sin)
+    for a, b, x in zip(ours, ref, (q, k), strict=True):
+        assert a.dtype == b.dtype == x.dtype
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+    q, k, cos, sin = _inputs(torch.float32, torch.float32)
+    for a, b in zip(apply_rotary_pos_emb_interleaved_fp32(q, k, cos, sin), hf(q, k, cos, sin), strict=True):
+        torch.testing.assert_close(a, b)

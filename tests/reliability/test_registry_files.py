@@ -166,7 +166,8 @@ def test_schema_into_a_closed_pipe_is_quiet(cases) -> None:
     import subprocess
 
     cases.tried()
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    path = [os.getcwd(), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     # `true` exits at once without reading, so the write meets a closed pipe (deterministically, unlike `head`)
     command = f"{sys.executable} -m liger_registry.cli schema | true; exit ${{PIPESTATUS[0]}}"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=120)

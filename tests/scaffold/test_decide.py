@@ -165,6 +165,24 @@ def test_rope_layouts_none_reproduces_are_refused_with_the_reason():
     assert "not called" in decide.decide_rope("apply_rotary_pos_emb", _llama_partial, []).reason
 
 
+def test_rope_dtypes_are_judged_on_the_calls_of_the_model_in_bf16():
+    """ernie4_5 keeps cos/sin in fp32 and casts the results back: with the bf16 model's calls (q bf16, cos fp32)
+    the plain interleaved drop-in (results promoted to fp32) is refused and interleaved_fp32 drafted; helium
+    (cos in q's dtype, no cast) keeps interleaved."""
+    from transformers.models.ernie4_5 import modeling_ernie4_5
+    from transformers.models.helium import modeling_helium
+
+    (q, k, cos, sin), _ = _rope_call(8)
+    low_fp32_cos = [((q.bfloat16(), k.bfloat16(), cos, sin), {})]
+    low_bf16_cos = [((q.bfloat16(), k.bfloat16(), cos.bfloat16(), sin.bfloat16()), {})]
+    ernie = modeling_ernie4_5.apply_rotary_pos_emb
+    verdict = decide.decide_rope("apply_rotary_pos_emb", ernie, [_rope_call(8)], low_fp32_cos)
+    assert verdict.ok and verdict.spec == {"layout": "interleaved_fp32"}, verdict.reason
+    helium = modeling_helium.apply_rotary_pos_emb
+    verdict = decide.decide_rope("apply_rotary_pos_emb", helium, [_rope_call(8)], low_bf16_cos)
+    assert verdict.ok and verdict.spec == {"layout": "interleaved"}, verdict.reason
+
+
 def test_rope_layout_whose_bf16_result_dtype_differs_is_refused():
     def always_fp32(q, k, cos, sin, unsqueeze_dim=1):
         q_out, k_out = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)

@@ -59,7 +59,13 @@ def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type)
 
 
 @pytest.mark.parametrize(
-    ("model_type", "layout"), [("phi3", "partial"), ("glm4", "interleaved"), ("helium", "interleaved")]
+    ("model_type", "layout"),
+    [
+        ("phi3", "partial"),
+        ("glm4", "interleaved"),
+        ("helium", "interleaved"),
+        ("ernie4_5", "interleaved_fp32"),
+    ],
 )
 def test_rope_and_fused_gate_up_variants_are_drafted_and_proven(model_type, layout):
     result = scaffold(model_type)
@@ -67,7 +73,7 @@ def test_rope_and_fused_gate_up_variants_are_drafted_and_proven(model_type, layo
     assert result.proof.ok and max(result.proof.parity.values().values()) < 1e-5
     rope = result.entry.kernels.rope
     assert rope.enabled and rope.layout == layout
-    if model_type != "helium":
+    if model_type in ("phi3", "glm4"):
         swiglu = result.entry.kernels.swiglu
         assert swiglu.enabled and swiglu.gate_up == "gate_up_proj"
     assert f"layout: {layout}" in result.yaml()
