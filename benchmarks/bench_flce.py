@@ -124,6 +124,8 @@ def plan_of(bt: int, h: int, v: int, kwargs: dict, dtype, api) -> tuple[dict | N
     d["str"] = str(plan)
     s = d.get("strategy", "?")
     chunk = d.get("chunk_tokens") if s == "tokens" else d.get("chunk_vocab")
+    if d.get("scratch"):  # vocab with its widest chunks in dW's memory: pass-1 + pass-2 chunks, the widest
+        return d, f"vocab {d.get('pass1_chunks')}+{d.get('num_chunks')} <={d.get('widest')}"
     return d, f"{s} {chunk}x{d.get('num_chunks', '?')}"
 
 

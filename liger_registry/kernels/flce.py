@@ -160,7 +160,10 @@ def fused_linear_cross_entropy(
     """
     opts = options_from(options, option_fields)
     _check_shapes(hidden, weight, target, bias, class_weights)
-    plan = plan_for(hidden.shape[0], hidden.shape[1], weight.shape[0], opts, hidden.dtype, hidden.device)
+    weight_grad = weight.requires_grad and torch.is_grad_enabled()
+    plan = plan_for(
+        hidden.shape[0], hidden.shape[1], weight.shape[0], opts, hidden.dtype, hidden.device, weight_grad
+    )
     argmax_mode = 2 if return_predicted_tokens else (1 if return_token_accuracy else 0)
     loss, z_loss, n_correct, argmax = FUSED_LINEAR_CROSS_ENTROPY(
         hidden, weight, target, bias, class_weights, opts, plan, argmax_mode

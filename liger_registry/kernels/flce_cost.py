@@ -19,6 +19,8 @@ a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). 
   with an fp32 output plus the fp32 accumulator's read and write (2 BT H 4); dW GEMM [w, H] <- [w, BT] [BT, H]
   written once. Its GEMMs at ``VOCAB_GEMM_EFFICIENCY`` of ``F`` (no unaligned factor), ``VOCAB_PASS_OVERHEAD_S``
   per chunk and pass.
+  With a weight gradient the chunks are those of :func:`flce_vocab_geometry.vocab_geometry` (the widest in
+  dW's not yet written memory: few, wide chunks, pass 1's last and widest one reused).
 * both: the exact fp32 target logit (``flce_target``), one read of BT hidden and BT weight rows.
 
 Tokens calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table):
@@ -35,10 +37,11 @@ predicted vs 14.35 / 27.90 / 55.39 / 116.58 measured, GPT-OSS 16.85 / 32.26 / 63
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+
+from .flce_vocab_geometry import vocab_geometry
 
 
 @dataclass(frozen=True)
@@ -149,9 +152,19 @@ def target_logit_ms(bt: int, h: int, itemsize: int, peaks: DevicePeaks) -> float
     return 2 * bt * h * itemsize / peaks.copy_bw * 1e3
 
 
-def vocab_ms(bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePeaks) -> float:
-    """Predicted ms of the vocabulary strategy (forward + backward w.r.t. hidden and weight): ``ceil(V / chunk)``
-    chunks of ``chunk`` columns (the last one the rest), pass 2 reusing the last chunk of pass 1."""
+def vocab_ms(
+    bt: int,
+    h: int,
+    v: int,
+    chunk: int,
+    itemsize: int,
+    peaks: DevicePeaks,
+    scratch: bool = False,
+    multiple: int = 128,
+) -> float:
+    """Predicted ms of the vocabulary strategy (forward + backward w.r.t. hidden and weight) in the chunks of
+    :func:`flce_vocab_geometry.vocab_geometry` (a budget buffer of ``chunk`` columns; ``scratch``: the widest
+    chunks in the weight gradient's memory), pass 2 reusing pass 1's last chunk."""
     if bt <= 0 or chunk <= 0:
         return 0.0
     mach = _Machine.of(peaks, itemsize)
@@ -163,9 +176,9 @@ def vocab_ms(bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePe
     def first(w: int) -> float:
         return logits(w) + mach.stream(bt * w * s) + VOCAB_PASS_OVERHEAD_S
 
-    def second(w: int) -> float:
+    def second(w: int, reuse: bool) -> float:
         return (
-            logits(w)
+            (0.0 if reuse and REUSE_LAST_CHUNK else logits(w))
             + mach.stream(2 * bt * w * s)
             + mach.gemm(bt, h, w, s, 4, eff=VOCAB_GEMM_EFFICIENCY, unaligned=1.0)
             + mach.stream(2 * bt * h * 4)
@@ -173,11 +186,8 @@ def vocab_ms(bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePe
             + VOCAB_PASS_OVERHEAD_S
         )
 
-    last = v - (math.ceil(v / chunk) - 1) * chunk
-    total = _over(v, chunk, first) + _over(v, chunk, second) - (logits(last) if REUSE_LAST_CHUNK else 0.0)
+    geometry = vocab_geometry(bt, h, v, chunk, scratch, multiple)
+    total = sum(first(c.width) for c in geometry.pass1) + sum(
+        second(c.width, c.reuse) for c in geometry.pass2
+    )
     return total * 1e3 + target_logit_ms(bt, h, s, peaks)
-
-
-def _over(v: int, width: int, cost) -> float:
-    full, rest = divmod(v, width)
-    return full * cost(width) + (cost(rest) if rest else 0.0)

@@ -10,6 +10,7 @@ import torch
 
 from .flce_cost import DEFAULT_PEAKS, DevicePeaks, device_peaks, peaks_for, tokens_ms, vocab_ms
 from .flce_options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
+from .flce_vocab_geometry import vocab_geometry
 
 MIB = 1 << 20
 
@@ -48,7 +49,10 @@ class FlcePlan:
     """How one FLCE call is chunked. ``tokens``: ``num_chunks`` chunks of ``chunk_tokens`` rows (all ``chunk_vocab``
     = V columns); ``vocab``: all ``chunk_tokens`` = BT rows, ``num_chunks`` chunks of ``chunk_vocab`` columns.
     ``buffer_mib`` is the logits buffer, ``budget_mib`` its bound; ``why`` says why this strategy;
-    ``predicted_ms`` the cost model's figure of the chosen strategy on ``device`` (see ``flce_cost``)."""
+    ``predicted_ms`` the cost model's figure of the chosen strategy on ``device`` (see ``flce_cost``).
+    Vocab with a weight gradient (``scratch``): ``pass1_chunks`` chunks in pass 1 and ``num_chunks`` in pass 2,
+    the ``widest`` of them in the weight gradient's not yet written memory (:mod:`flce_vocab_geometry`), the
+    rest in the buffer of ``chunk_vocab`` columns."""
 
     strategy: str
     chunk_tokens: int
@@ -59,6 +63,9 @@ class FlcePlan:
     why: str
     predicted_ms: float = 0.0
     device: str = "default"
+    scratch: bool = False
+    pass1_chunks: int = 0
+    widest: int = 0
 
     @property
     def chunk(self) -> int:
@@ -66,6 +73,12 @@ class FlcePlan:
         return self.chunk_tokens if self.strategy == "tokens" else self.chunk_vocab
 
     def __str__(self) -> str:
+        if self.scratch:
+            return (
+                f"vocab: {self.pass1_chunks} + {self.num_chunks} chunks (pass 1 + pass 2), up to {self.widest} "
+                f"columns in dW's memory, buffer {self.buffer_mib:.1f} of {self.budget_mib:.1f} MiB, "
+                f"~{self.predicted_ms:.1f} ms on {self.device} ({self.why})"
+            )
         return (
             f"{self.strategy}: {self.num_chunks} x [{self.chunk_tokens}, {self.chunk_vocab}] logits chunks, buffer "
             f"{self.buffer_mib:.1f} of {self.budget_mib:.1f} MiB, ~{self.predicted_ms:.1f} ms on {self.device} "
@@ -123,13 +136,24 @@ def _budget_bytes(bt, h, v, chunk_mem_const, max_chunk_mib, itemsize) -> tuple[f
 
 @lru_cache(maxsize=256)
 def _plan(
-    bt, h, v, chunk_mem_const, max_chunk_mib, strategy, itemsize, peaks: DevicePeaks, align: int
+    bt,
+    h,
+    v,
+    chunk_mem_const,
+    max_chunk_mib,
+    strategy,
+    itemsize,
+    peaks: DevicePeaks,
+    align: int,
+    weight_grad: bool = True,
 ) -> FlcePlan:
     budget, cmc = _budget_bytes(bt, h, v, chunk_mem_const, max_chunk_mib, itemsize)
     rows = _tokens_chunk(bt, h, v, itemsize, cmc, budget)
     cols = _vocab_chunk(bt, v, itemsize, budget, align) if bt else None
     t_ms = tokens_ms(bt, h, v, rows, itemsize, peaks) if rows is not None else None
-    v_ms = vocab_ms(bt, h, v, cols, itemsize, peaks) if cols is not None else None
+    multiple = min(COL_MULTIPLE, align)
+    v_ms = vocab_ms(bt, h, v, cols, itemsize, peaks, weight_grad, multiple) if cols is not None else None
+    vocab = (h, multiple, weight_grad)
     vocab_no = f"{align} vocabulary columns of {bt} rows exceed the budget" if cols is None else ""
     if rows is None and cols is None:
         raise ValueError(
@@ -142,14 +166,14 @@ def _plan(
                 f"strategy=tokens: max_chunk_mib={budget / MIB:g} is smaller than one row of logits"
             )
         why = "strategy=tokens" if strategy == "tokens" else f"vocab infeasible: {vocab_no}"
-        return _make("tokens", bt, v, rows, budget, itemsize, why, t_ms, peaks)
+        return _make("tokens", bt, v, rows, budget, itemsize, why, t_ms, peaks, vocab)
     if strategy == "vocab" or rows is None:
         why = (
             "strategy=vocab"
             if strategy == "vocab"
             else "tokens infeasible: one row of logits exceeds the budget"
         )
-        return _make("vocab", bt, v, cols, budget, itemsize, why, v_ms, peaks)
+        return _make("vocab", bt, v, cols, budget, itemsize, why, v_ms, peaks, vocab)
     if v_ms < t_ms:
         return _make(
             "vocab",
@@ -161,6 +185,7 @@ def _plan(
             f"predicted vocab {v_ms:.1f} < tokens {t_ms:.1f} ms",
             v_ms,
             peaks,
+            vocab,
         )
     return _make(
         "tokens",
@@ -172,15 +197,32 @@ def _plan(
         f"predicted tokens {t_ms:.1f} <= vocab {v_ms:.1f} ms",
         t_ms,
         peaks,
+        vocab,
     )
 
 
-def _make(strategy, bt, v, chunk, budget, itemsize, why, ms, peaks) -> FlcePlan:
+def _make(strategy, bt, v, chunk, budget, itemsize, why, ms, peaks, vocab) -> FlcePlan:
     if strategy == "tokens":
         n = math.ceil(bt / chunk) if chunk else 0
         return FlcePlan("tokens", chunk, v, n, chunk * v * itemsize / MIB, budget / MIB, why, ms, peaks.name)
-    n = math.ceil(v / chunk)
-    return FlcePlan("vocab", bt, chunk, n, bt * chunk * itemsize / MIB, budget / MIB, why, ms, peaks.name)
+    h, multiple, weight_grad = vocab
+    g = vocab_geometry(bt, h, v, chunk, weight_grad, multiple)
+    widest = max(c.width for c in g.pass1) if g.pass1 else 0
+    buffer = bt * g.buffer_cols * itemsize / MIB
+    return FlcePlan(
+        "vocab",
+        bt,
+        chunk,
+        len(g.pass2),
+        buffer,
+        budget / MIB,
+        why,
+        ms,
+        peaks.name,
+        g.scratch,
+        len(g.pass1),
+        widest,
+    )
 
 
 def flce_plan(
@@ -193,6 +235,7 @@ def flce_plan(
     strategy: str = "auto",
     dtype: torch.dtype = torch.bfloat16,
     gpu: str | None = None,
+    weight_grad: bool = True,
 ) -> FlcePlan:
     """The plan of an FLCE call on ``bt`` tokens, hidden ``h``, vocabulary ``v`` (logits in ``dtype``).
 
@@ -201,7 +244,9 @@ def flce_plan(
     ``tokens`` with a chunk_mem_const budget is today's geometry exactly; with a MiB budget the largest multiple
     of 128 rows that fits. ``vocab``: all rows, V in the fewest even chunks (widths a multiple of 8, at least 128
     columns) that fit (infeasible -> tokens, said in ``why``). ``auto`` takes the cheaper by :mod:`flce_cost` on ``gpu`` (a CUDA device name;
-    default: the current CUDA device, or the table's default row without CUDA).
+    default: the current CUDA device, or the table's default row without CUDA). ``weight_grad``: the weight
+    gradient is computed (its memory holds the vocab strategy's widest chunks until written; False: a frozen
+    head, budget-buffer chunks only).
     """
     _check_shape(bt, h, v)
     if chunk_mem_const is not None and max_chunk_mib is not None:
@@ -211,12 +256,16 @@ def flce_plan(
     mib = None if max_chunk_mib is None else check_max_chunk_mib(max_chunk_mib)
     check_strategy(strategy)
     peaks = device_peaks() if gpu is None else peaks_for(gpu)
-    return _plan(bt, h, v, chunk_mem_const, mib, strategy, dtype.itemsize, peaks, VOCAB_ALIGN)
+    return _plan(
+        bt, h, v, chunk_mem_const, mib, strategy, dtype.itemsize, peaks, VOCAB_ALIGN, bool(weight_grad)
+    )
 
 
-def plan_for(bt: int, h: int, v: int, options, dtype: torch.dtype, device: torch.device) -> FlcePlan:
+def plan_for(
+    bt: int, h: int, v: int, options, dtype: torch.dtype, device: torch.device, weight_grad: bool = True
+) -> FlcePlan:
     """The plan of a call whose :class:`FlceOptions` are already validated (no second validation, cached)."""
     peaks = device_peaks(device.index) if device.type == "cuda" else DEFAULT_PEAKS
     plan = _plan.__wrapped__ if torch.compiler.is_compiling() else _plan  # dynamo traces through the cache
     knobs = (options.chunk_mem_const, options.max_chunk_mib, options.strategy)
-    return plan(bt, h, v, *knobs, dtype.itemsize, peaks, VOCAB_ALIGN)
+    return plan(bt, h, v, *knobs, dtype.itemsize, peaks, VOCAB_ALIGN, weight_grad)

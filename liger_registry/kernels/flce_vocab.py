@@ -1,10 +1,11 @@
 """FLCE vocabulary strategy: chunks of vocabulary columns, all rows at once, one reused logits buffer [N, Vc].
 
-Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the buffer), the row-statistics kernel
-folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
+Chunks and where their logits live: :mod:`flce_vocab_geometry` (the widest in dW's not yet written memory).
+Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the chunk's logits), the
+row-statistics kernel folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
 (16-bit logits: with the exact fp32 target logit of ``flce_target``) and gradient factors. Pass 2 (only when a
-gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not the last chunk's, still in the
-buffer), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
+gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last chunk's, still
+there), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
 ``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
 ``db[c] = g.sum(0)``. No host sync inside the loops.
 """
@@ -16,9 +17,11 @@ from typing import NamedTuple
 
 import torch
 
+from . import flce_planner
 from .flce_run import FlceRun
 from .flce_target import needs_exact_target, target_logits
 from .flce_token_scaling import target_probs_from_lse
+from .flce_vocab_geometry import vocab_geometry
 from .flce_vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
 from .triton_flce_vocab import grad_inplace_triton, stats_update_triton
 
@@ -62,16 +65,17 @@ class _Chunk(NamedTuple):
     start: int
     w: torch.Tensor  # [width, H] rows of the weight
     b: torch.Tensor | None  # [width] of the bias
-    buf: torch.Tensor  # [N, width] view of the front of the logits buffer
+    buf: torch.Tensor  # [N, width] logits: the front of dW's storage (scratch) or of the budget buffer
+    reuse: bool  # pass 2: pass 1 left this chunk's logits in buf
 
 
-def _chunks(buf_flat, n: int, w_dt, b_dt, width: int) -> list[_Chunk]:
-    v = w_dt.shape[0]
+def _views(spans, n: int, w_dt, b_dt, scratch_flat, buffer_flat) -> list[_Chunk]:
     out = []
-    for s in range(0, v, width):
-        e = min(s + width, v)
-        b = None if b_dt is None else b_dt[s:e]
-        out.append(_Chunk(s, w_dt[s:e], b, buf_flat[: n * (e - s)].view(n, e - s)))
+    for c in spans:
+        e = c.start + c.width
+        flat = scratch_flat if c.scratch else buffer_flat
+        b = None if b_dt is None else b_dt[c.start : e]
+        out.append(_Chunk(c.start, w_dt[c.start : e], b, flat[: n * c.width].view(n, c.width), c.reuse))
     return out
 
 
@@ -85,22 +89,27 @@ def _logits(hidden, c: _Chunk) -> torch.Tensor:
 
 
 def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
-    """Same contract as :func:`flce_tokens.token_loop`, chunked over ``run.chunk`` vocabulary columns."""
+    """Same contract as :func:`flce_tokens.token_loop`, chunked over vocabulary columns as
+    :func:`flce_vocab_geometry.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
     opts = run.options
     n, h = hidden.shape
     v = weight.shape[0]
     stats_update, grad_inplace = ROW_KERNELS[run.backend]
-    width = max(min(run.chunk, v), 1)
     w_dt = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
     b_dt = None if bias is None else bias.to(hidden.dtype)
     target = target.contiguous()
     cw = None if class_weights is None else class_weights.contiguous()
     kw = {"opts": opts, "class_weights": cw}
-    buf_flat = torch.empty(n * width, dtype=hidden.dtype, device=hidden.device)
-    chunks = _chunks(buf_flat, n, w_dt, b_dt, width)
+    # dW rows are written once, in pass 2: until then their memory holds logits (see flce_vocab_geometry)
+    dw = torch.empty((v, h), dtype=hidden.dtype, device=hidden.device) if need[1] else None
+    multiple = min(flce_planner.COL_MULTIPLE, flce_planner.VOCAB_ALIGN)
+    geometry = vocab_geometry(n, h, v, run.chunk, scratch=dw is not None, multiple=multiple)
+    buffer_flat = torch.empty(n * geometry.buffer_cols, dtype=hidden.dtype, device=hidden.device)
+    scratch_flat = None if dw is None else dw.view(-1)
+    pass1 = _views(geometry.pass1, n, w_dt, b_dt, scratch_flat, buffer_flat)
     state = new_state(n, hidden.device)
     argmax = bool(run.argmax_mode)
-    for c in chunks:
+    for c in pass1:
         stats_update(_logits(hidden, c), c.start, target, state, argmax=argmax, **kw)
     zy = (
         target_logits(hidden, weight, target, bias, opts, run.backend) if needs_exact_target(hidden) else None
@@ -112,7 +121,8 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
         p = target_probs_from_lse(coefs.lse, state.zy if zy is None else zy, target, opts.ignore_index)
         ce, zl = ce * p, zl * p
         coefs = coefs._replace(coef=coefs.coef * p, a_s=coefs.a_s * p, sm=coefs.sm * p)
-    dh, dw, db = _grads(hidden, w_dt, target, chunks, coefs, grad_inplace, kw, need)
+    pass2 = _views(geometry.pass2, n, w_dt, b_dt, scratch_flat, buffer_flat)
+    dh, db = _grads(hidden, target, pass2, dw, coefs, grad_inplace, kw, need)
     best_i = state.best_i if run.argmax_mode else None
     has_z = opts.lse_square_scale != 0.0
     if opts.reduction == "none":
@@ -120,29 +130,27 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     return ce.sum(), (zl.sum() if has_z else None), best_i, dh, dw, db
 
 
-def _grads(hidden, w_dt, target, chunks, coefs, grad_inplace, kw, need):
+def _grads(hidden, target, chunks, dw, coefs, grad_inplace, kw, need):
+    """Pass 2 (``chunks`` in descending column order): the in-place gradient of each chunk, ``dX += g @ W_c``
+    in fp32, ``dW[c] = g^T @ X`` and ``db[c] = sum(g)`` written once. Returns ``(dh, db)``; ``dw`` is filled."""
     need_dh, need_dw, need_db = need
     if not (need_dh or need_dw or need_db):
-        return None, None, None
+        return None, None
     n, h = hidden.shape
     device = hidden.device
-    v = w_dt.shape[0]
+    v = sum(c.w.shape[0] for c in chunks)
     acc = torch.empty((n, h), dtype=torch.float32, device=device) if need_dh and n else None
     out_dtype_ok = _has_out_dtype(device.type)
-    dw = torch.empty((v, h), dtype=hidden.dtype, device=device) if need_dw else None
     db = torch.empty(v, dtype=torch.float32, device=device) if need_db else None
-    dw_rows = [None if dw is None else dw[c.start : c.start + c.w.shape[0]] for c in chunks]
-    db_rows = [None if db is None else db[c.start : c.start + c.w.shape[0]] for c in chunks]
-    # in reverse: the last chunk's logits are still in the buffer (the statistics kernel only reads them)
-    for i, c in enumerate(reversed(chunks)):
-        buf = c.buf if i == 0 else _logits(hidden, c)
+    for i, c in enumerate(chunks):
+        buf = c.buf if c.reuse else _logits(hidden, c)
         grad_inplace(buf, c.start, target, coefs, **kw)
         if acc is not None:
             accumulate_fp32(acc, buf, c.w, i == 0, out_dtype_ok)
-        if need_dw:
-            torch.mm(buf.t(), hidden, out=dw_rows[-1 - i])
-        if need_db:
-            torch.sum(buf, 0, dtype=torch.float32, out=db_rows[-1 - i])
+        if dw is not None:
+            torch.mm(buf.t(), hidden, out=dw[c.start : c.start + c.w.shape[0]])
+        if db is not None:
+            torch.sum(buf, 0, dtype=torch.float32, out=db[c.start : c.start + c.w.shape[0]])
     dh = None
     if need_dh:
         dh = (
@@ -150,4 +158,4 @@ def _grads(hidden, w_dt, target, chunks, coefs, grad_inplace, kw, need):
             if acc is not None
             else torch.empty((0, h), dtype=hidden.dtype, device=device)
         )
-    return dh, dw, db
+    return dh, db

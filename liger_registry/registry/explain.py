@@ -106,7 +106,7 @@ class Explanation:
             f"FLCE plan for {self.tokens} tokens (H={hidden}, V={vocab}, {dtype}): {plan}",
             f"  strategy {plan.strategy}: {plan.why}",
             f"  budget {plan.budget_mib:.1f} MiB, logits buffer {plan.buffer_mib:.1f} MiB, "
-            f"{plan.num_chunks} chunk(s) of {plan.chunk_tokens} tokens x {plan.chunk_vocab} vocabulary",
+            + _chunks_text(plan),
         ]
         lines += [f"  {knob} = {self.value(knob)!r}  (set by {self.source(knob)})" for knob in knobs]
         return "\n".join(lines)
@@ -148,3 +148,13 @@ def explain(
         if parameter is not None and device is None:
             device, dtype = parameter.device, dtype or parameter.dtype
     return Explanation(config, device, dtype, tokens, hidden, vocab, model_config)
+
+
+def _chunks_text(plan) -> str:
+    if plan.scratch:
+        return (
+            f"{plan.pass1_chunks} + {plan.num_chunks} chunk(s) of {plan.chunk_tokens} tokens (pass 1 + pass 2), up "
+            f"to {plan.widest} vocabulary columns in the weight gradient's not yet written memory, the rest in "
+            f"buffer chunks of <= {plan.chunk_vocab} (a frozen lm_head: buffer chunks only)"
+        )
+    return f"{plan.num_chunks} chunk(s) of {plan.chunk_tokens} tokens x {plan.chunk_vocab} vocabulary"

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from liger_registry import kernels as K
+from liger_registry.kernels.flce_vocab_geometry import fits, vocab_geometry
 
 LLAMA = (4096, 128256)
 
@@ -55,7 +56,11 @@ def test_planner_picks_vocab_at_2k_and_tokens_at_16k_tokens():
     assert small.strategy == "vocab" and "predicted vocab" in small.why
     assert large.strategy == "tokens" and "predicted tokens" in large.why
     assert small.chunk_tokens == 2048 and small.chunk_vocab % 8 == 0
-    assert small.num_chunks == -(-LLAMA[1] // small.chunk_vocab)
+    # with the weight gradient's memory as scratch: 2 chunks in pass 1, 5 in pass 2 (the widest 85504 columns)
+    assert (small.scratch, small.pass1_chunks, small.num_chunks, small.widest) == (True, 2, 5, 85504)
+    frozen = K.flce_plan(2048, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200", weight_grad=False)
+    assert not frozen.scratch and frozen.num_chunks == -(-LLAMA[1] // frozen.chunk_vocab)
+    assert "dW's memory" in str(small) and "dW" not in str(frozen)
     # the same on the default figures (a CPU-only machine plans for a generic GPU)
     assert K.flce_plan(2048, *LLAMA, gpu=None).strategy == "vocab"
 
@@ -64,13 +69,20 @@ def test_planner_picks_vocab_at_2k_and_tokens_at_16k_tokens():
 @pytest.mark.parametrize("budget", [{}, {"chunk_mem_const": 8}, {"max_chunk_mib": 512}, {"max_chunk_mib": 3}])
 @pytest.mark.parametrize("strategy", ["auto", "tokens", "vocab"])
 @pytest.mark.parametrize("shape", [LLAMA, (2880, 201088), (64, 50)])
-def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape):
+@pytest.mark.parametrize("weight_grad", [True, False])
+def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape, weight_grad):
     try:
-        plan = K.flce_plan(bt, *shape, strategy=strategy, **budget)
+        plan = K.flce_plan(bt, *shape, strategy=strategy, weight_grad=weight_grad, **budget)
     except ValueError as e:
         assert "smaller than one row" in str(e)
         return
     assert plan.buffer_mib <= plan.budget_mib + 1e-9
+    if plan.scratch:  # the budget buffer holds only the narrow chunks; the wide ones live in dW's memory
+        geometry = vocab_geometry(bt, shape[0], shape[1], plan.chunk_vocab, True)
+        assert weight_grad and fits(geometry, bt, *shape) and plan.num_chunks == len(geometry.pass2)
+        assert plan.buffer_mib == pytest.approx(bt * geometry.buffer_cols * 2 / 2**20)
+        assert geometry.buffer_cols <= plan.chunk_vocab < plan.widest
+        return
     assert plan.chunk_tokens * plan.chunk_vocab * 2 / 2**20 == pytest.approx(plan.buffer_mib)
     if plan.strategy == "tokens":
         assert plan.chunk_vocab == shape[1] and plan.num_chunks == -(-bt // plan.chunk_tokens)
@@ -106,7 +118,7 @@ def test_vocab_infeasible_falls_back_to_tokens_and_says_why():
     ],
 )
 def test_vocab_chunks_are_even(bt, shape, c, width, n):
-    plan = K.flce_plan(bt, *shape, chunk_mem_const=c, strategy="vocab")
+    plan = K.flce_plan(bt, *shape, chunk_mem_const=c, strategy="vocab", weight_grad=False)
     assert (plan.chunk_vocab, plan.num_chunks) == (width, n)
     assert (n - 1) * width < shape[1] <= n * width and plan.buffer_mib <= plan.budget_mib
 
@@ -150,7 +162,8 @@ def test_cost_model_reproduces_the_h200_vocab_timings(bt, shape, monkeypatch):
     ],
 )
 def test_planner_picks_the_faster_strategy_at_the_h200_points(bt, shape, pick):
-    plan = K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200")
+    """The run-1 geometry (budget-buffer chunks only: what a frozen head gets today)."""
+    plan = K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200", weight_grad=False)
     assert plan.strategy == pick, plan
     tokens = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="tokens", gpu="NVIDIA H200")
     if (bt, shape) in RUN1_TOKENS:

@@ -530,3 +530,30 @@ def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     overhead = (checked - unchecked) / unchecked
     print(f"\nlabel check: {checked:.3f} ms vs {unchecked:.3f} ms unchecked ({overhead:+.2%})")
     assert overhead < 0.02, f"label check costs {overhead:.2%} of the FLCE call"
+
+
+def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch):
+    """The vocab strategy with its widest chunks in dW's not yet written memory (Llama-3 head, 2048 tokens, C=1):
+    the same loss and gradients as the plain geometry (budget-buffer chunks only), and no higher peak."""
+    from liger_registry.kernels import flce_vocab
+    from liger_registry.kernels.flce_vocab_geometry import plain_geometry, vocab_geometry
+
+    hidden, weight, target = _llama_head("random")
+    results = {}
+    for name in ("scratch", "plain"):
+        if name == "plain":
+            monkeypatch.setattr(flce_vocab, "vocab_geometry", lambda n, h, v, w, **k: plain_geometry(v, w))
+        h, w = _leaf(hidden, torch.bfloat16), _leaf(weight, torch.bfloat16)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = K.fused_linear_cross_entropy(h, w, target, strategy="vocab", chunk_mem_const=1)
+        dh, dw = torch.autograd.grad(out, [h, w])
+        torch.cuda.synchronize()
+        results[name] = (out.detach(), dh, dw, (torch.cuda.max_memory_allocated() - base) / 2**20)
+        del out, dh, dw, h, w
+    monkeypatch.setattr(flce_vocab, "vocab_geometry", vocab_geometry)
+    (ls, dhs, dws, ms), (lp, dhp, dwp, mp) = results["scratch"], results["plain"]
+    print(f"\n[gpu-check] vocab scratch peak {ms:.1f} MiB vs plain {mp:.1f} MiB", flush=True)
+    assert _rel(ls, lp) < 1e-5 and _rel(dhs, dhp) < 5e-3 and _rel(dws, dwp) < 5e-3
+    assert ms <= mp + 1.0

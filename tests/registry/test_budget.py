@@ -142,6 +142,7 @@ class FakePlan:
         512.0,
     )
     why = "vocabulary chunks: no dW read-modify-write"
+    scratch = False
 
     def __str__(self):
         return "vocab: 16 chunks of 4096 x 8192"
