@@ -5,7 +5,8 @@ available for the wall): (a) wall median (do_bench), (b) host issue time per cal
 ``torch.cuda._sleep`` (pure host work; a call that syncs shows up as the sleep's length), for the forward alone
 and forward + backward, (c) cProfile top 25 by tottime of 50 host-issued calls, (d) each Triton kernel launched:
 grid, num_warps, num_stages, shared memory, registers, spills (from the compiled kernel; "?" where triton does
-not say), (e) torch.profiler CPU + CUDA table, top 15, (f) (a) and (b) again once a profiler has run in the process.
+not say), (e) torch.profiler CPU + CUDA table, top 15, (f) (a) and (b) again once a profiler has run in the process,
+(g) the backward kernels at 8 and 16 warps (BWD_WARP_FACTOR 1 and 2).
 Usage: python benchmarks/probe_norm_host.py [--no-cprofile]
 """
 
@@ -166,6 +167,29 @@ def record_grids() -> tuple[dict, object]:
     return grids, undo
 
 
+def warp_sweep(all_cases: dict) -> None:
+    """(g) The backward kernels alone (GPU-bound) and the fwd+bwd walls at BWD_WARP_FACTOR 1 and 2."""
+    x = torch.randn(N, H, device="cuda").to(BF)
+    w, b = torch.randn(H, device="cuda").to(BF), torch.randn(H, device="cuda").to(BF)
+    dy = torch.randn(N, H, device="cuda").to(BF)
+    _, mean, rstd = triton_norm.layer_norm_fwd(x, w, b, 1e-5)
+    _, rrstd = triton_norm.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    print(
+        f"\n(g) backward warps: {'factor':>7}{'warps':>7}{'ln bwd ms':>11}{'rms bwd ms':>12}{'LN step ms':>12}{'RMS step ms':>13}"
+    )
+    default = triton_norm.BWD_WARP_FACTOR
+    try:
+        for factor in (1, 2):
+            triton_norm.BWD_WARP_FACTOR = factor
+            ln = wall_ms(lambda: triton_norm.layer_norm_bwd(dy, x, w, mean, rstd, True, True))
+            rms = wall_ms(lambda: triton_norm.rms_norm_bwd(dy, x, w, rrstd, 0.0, "llama", True))
+            ln_step, rms_step = wall_ms(all_cases["LayerNorm ours"][1]), wall_ms(all_cases["RMSNorm ours"][1])
+            warps = triton_norm._row_launch(H, factor)[1]
+            print(f"{'':<20}{factor:>7}{warps:>7}{ln:11.3f}{rms:12.3f}{ln_step:12.3f}{rms_step:13.3f}")
+    finally:
+        triton_norm.BWD_WARP_FACTOR = default
+
+
 def main() -> None:
     use_cprofile = "--no-cprofile" not in sys.argv
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  N x H = {N} x {H} bf16")
@@ -193,6 +217,7 @@ def main() -> None:
             print(f"\n(c) cProfile, {CALLS} host-issued fwd+bwd calls of {name} (tottime):")
             print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[:6000])
     kernel_table(grids)
+    warp_sweep(all_cases)
     from torch.profiler import ProfilerActivity, profile
 
     for name in ("LayerNorm ours", "RMSNorm ours", "LayerNorm peer"):

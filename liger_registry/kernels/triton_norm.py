@@ -17,13 +17,17 @@ from . import triton_utils as tu
 
 _MODES = {"llama": 0, "gemma": 1, "none": 2}
 SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program of the partial-sum kernel
+# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32). At H=4096 and 8 warps, sm_90 builds
+# use 185 (LayerNorm) / 146 (RMSNorm) registers per thread: one 8-warp block per SM; 16 warps take 102 / 59
+# registers (ptxas via triton 3.9): 16 / 32 warps per SM. Unmeasured: benchmarks/probe_norm_host.py compares 1 and 2.
+BWD_WARP_FACTOR = 1
 
 
 @functools.cache
-def _row_launch(n_cols: int) -> tuple[int, int]:
+def _row_launch(n_cols: int, warp_factor: int = 1) -> tuple[int, int]:
     """(BLOCK, num_warps) of a row kernel over ``n_cols`` columns (one row per block, made once per width)."""
     block = triton.next_power_of_2(n_cols)
-    return block, tu.warps_for(block)
+    return block, min(32, tu.warps_for(block) * warp_factor)
 
 
 @triton.jit
@@ -170,7 +174,7 @@ def rms_norm_bwd(
     progs, per = tu.row_programs(n, x.device)
     dw_part = torch.empty((1, progs, h), dtype=torch.float32, device=x.device) if need_dw else rstd
     if n:
-        block, warps = _row_launch(h)
+        block, warps = _row_launch(h, BWD_WARP_FACTOR)
         _rms_bwd_kernel[(progs,)](
             dy2,
             dy2.stride(0),
@@ -306,7 +310,7 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
     # one buffer for both partials: [dw rows; db rows], summed by one kernel
     parts = torch.empty((sets, progs, h), dtype=torch.float32, device=x.device) if sets else rstd
     if n:
-        block, warps = _row_launch(h)
+        block, warps = _row_launch(h, BWD_WARP_FACTOR)
         _ln_bwd_kernel[(progs,)](
             dy2,
             dy2.stride(0),
