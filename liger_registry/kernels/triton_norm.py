@@ -52,7 +52,7 @@ def _sum_parts(parts: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
     """Each [P, H] fp32 slice of ``parts`` [S, P, H] (S = 1 or 2) summed over P, as a new [H] tensor of ``dtype``."""
     sets, n_parts, h = parts.shape
     outs = [torch.empty(h, dtype=dtype, device=parts.device) for _ in range(sets)]
-    _sum_parts_kernel[(triton.cdiv(h, SUM_BLOCK_C), sets)](
+    _sum_parts_kernel[(tu.cdiv(h, SUM_BLOCK_C), sets)](
         parts, outs[0], outs[-1], n_parts, h, BLOCK_P=SUM_BLOCK_P, BLOCK_C=SUM_BLOCK_C, num_warps=4
     )
     return outs
