@@ -1,7 +1,11 @@
 """Memory-bound ops benchmark (GPU): ours vs liger-kernel 0.8.5 vs HF / PyTorch eager, forward + backward, bf16.
 
-Median ms (triton.testing.do_bench), and achieved bandwidth (estimated bytes that must move / time) against a
-device-to-device copy measured in the same run. The peer is imported here only.
+Median ms (triton.testing.do_bench), and achieved bandwidth (the bytes the op must move at least, stated per row
+as a formula, / time) against a device-to-device copy measured in the same run: from the wall time (includes
+the Python side of the call) and from the GPU kernel time (torch.profiler, the op's own speed). The walls of
+every case are taken first and the profiler runs afterwards: Kineto can leave CUPTI attached after a profiler
+session (pytorch issue 144455), which slowed the launches of every case timed after the first profiled one.
+The peer is imported here only.
 Usage: python benchmarks/bench_ops.py
 """
 
@@ -45,6 +49,7 @@ def case_rms_norm():
     return {
         "name": f"RMSNorm {n}x{h}",
         "bytes": 5 * n * h * 2,
+        "bytes_note": "fwd: read x, write y; bwd: read x, dy, write dx (bf16)",
         "grads": [x, w],
         "ours": lambda: K.rms_norm(x, w, 1e-6).backward(dy),
         "ours in-place bwd": lambda: K.rms_norm(x, w, 1e-6, in_place_backward=True).backward(dy),
@@ -70,6 +75,7 @@ def _glu_case(kind):
     return {
         "name": f"{'SwiGLU' if kind == 'swiglu' else 'GeGLU'} {n}x{h}",
         "bytes": 8 * n * h * 2,
+        "bytes_note": "fwd: read a, b, write c; bwd: read a, b, dc, write da, db (bf16)",
         "grads": [a, b],
         "ours": lambda: ours(a, b).backward(dc),
         "peer": peer,
@@ -102,6 +108,7 @@ def case_rope():
     return {
         "name": f"RoPE q {b}x{hq}x{s}x{d} + k {b}x{hk}x{s}x{d}",
         "bytes": 4 * n * 2,
+        "bytes_note": "fwd: read q, k, write q', k'; bwd: same on the grads (bf16; cos/sin not counted)",
         "grads": [q, k],
         "ours": run(K.rope),
         "peer": run(peer_fn),
@@ -122,6 +129,7 @@ def case_layer_norm():
     return {
         "name": f"LayerNorm {n}x{h}",
         "bytes": 5 * n * h * 2,
+        "bytes_note": "fwd: read x, write y; bwd: read x, dy, write dx (bf16)",
         "grads": [x, w, bb],
         "ours": lambda: K.layer_norm(x, w, bb, 1e-5).backward(dy),
         "peer": peer,
@@ -145,8 +153,11 @@ def case_cross_entropy():
     return {
         "name": f"CrossEntropy {n}x{v}",
         "bytes": 3 * n * v * 2,
+        "bytes_note": "read the logits twice (max/sum-exp, then gradient), write the gradient once (bf16)",
         "grads": [logits],
         "ours": lambda: K.cross_entropy(logits, t).backward(),
+        # overwrites the logits with their gradient, as the peer always does (the values stay finite)
+        "ours inplace": lambda: K.cross_entropy(logits, t, inplace_backward=True).backward(),
         "peer": peer,
         "eager": lambda: F.cross_entropy(logits.float(), t).backward(),
     }
@@ -162,47 +173,81 @@ CASES = [
 ]
 
 
+INFO_KEYS = ("name", "bytes", "bytes_note", "grads")
+PROFILED = ("ours", "ours inplace", "peer")
+
+
+def _walls(make, errors) -> dict | None:
+    try:
+        case = make()
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"setup: {e!r}")
+        traceback.print_exc()
+        return None
+    row = {"op": case["name"], "bytes": case["bytes"], "bytes_note": case["bytes_note"]}
+    for key in [k for k in case if k not in INFO_KEYS]:
+        try:
+            case[key]()  # warm-up / compile
+            row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{case['name']} {key}: {e!r}")
+            traceback.print_exc()
+    return row
+
+
+def _kernel_times(make, row, errors) -> None:
+    case = make()
+    for key in [k for k in PROFILED if k in case and f"{k}_ms" in row]:
+        try:
+            row[f"{key}_kernel_ms"] = kernel_ms(case[key], case["grads"], label=f"{case['name']} {key}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{case['name']} {key} kernel time: {e!r}")
+            traceback.print_exc()
+
+
+def _ratios(row, copy_gbs) -> None:
+    gbs = lambda ms: row["bytes"] / (ms * 1e-3) / 1e9  # noqa: E731
+    if "ours_ms" in row:
+        row["ours_gbs"] = gbs(row["ours_ms"])
+        row["ours_frac_copy"] = row["ours_gbs"] / copy_gbs
+        if "peer_ms" in row:
+            row["ours_vs_peer"] = row["ours_ms"] / row["peer_ms"]
+            row["bar_met"] = row["ours_ms"] <= row["peer_ms"]
+        if "eager_ms" in row:
+            row["ours_vs_eager"] = row["ours_ms"] / row["eager_ms"]
+    if "ours_kernel_ms" in row:
+        row["ours_kernel_gbs"] = gbs(row["ours_kernel_ms"])
+        row["ours_kernel_frac_copy"] = row["ours_kernel_gbs"] / copy_gbs
+
+
 def main():
     info = env_info()
     copy_gbs = copy_bandwidth_gbs()
     rows, errors = [], []
-    for make in CASES:
-        try:
-            case = make()
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"setup: {e!r}")
-            traceback.print_exc()
-            continue
-        row = {"op": case["name"], "bytes": case["bytes"]}
-        for key in [k for k in case if k not in ("name", "bytes", "grads")]:
-            try:
-                case[key]()  # warm-up / compile
-                row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
-                if key in ("ours", "peer"):
-                    row[f"{key}_kernel_ms"] = kernel_ms(
-                        case[key], case["grads"], label=f"{case['name']} {key}"
-                    )
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"{case['name']} {key}: {e!r}")
-                traceback.print_exc()
-        if "ours_ms" in row:
-            row["ours_gbs"] = case["bytes"] / (row["ours_ms"] * 1e-3) / 1e9
-            row["ours_frac_copy"] = row["ours_gbs"] / copy_gbs
-            if "peer_ms" in row:
-                row["ours_vs_peer"] = row["ours_ms"] / row["peer_ms"]
-                row["bar_met"] = row["ours_ms"] <= row["peer_ms"]
-            if "eager_ms" in row:
-                row["ours_vs_eager"] = row["ours_ms"] / row["eager_ms"]
-        rows.append(row)
-        del case
+    for make in CASES:  # every wall first, before any profiler session
+        row = _walls(make, errors)
+        if row is not None:
+            rows.append((make, row))
         torch.cuda.empty_cache()
+    for make, row in rows:
+        _kernel_times(make, row, errors)
+        _ratios(row, copy_gbs)
+        torch.cuda.empty_cache()
+    rows = [row for _, row in rows]
     path = write_json("bench_ops.json", {"env": info, "copy_gbs": copy_gbs, "rows": rows, "errors": errors})
+    print_table(info, copy_gbs, rows, path)
+    for e in errors:
+        print("ERROR", e)
+
+
+def print_table(info, copy_gbs, rows, path) -> None:
     print(
         f"\nOps fwd+bwd bf16  {info.get('device')}  torch {info['torch']} triton {info['triton']}  "
         f"copy {copy_gbs:.0f} GB/s (read+write)  json: {path}"
     )
     print(
-        f"{'op':<44}{'ours ms':>9}{'peer ms':>9}{'eager ms':>10}{'ours/peer':>10}{'ours/eager':>11}{'GB/s':>7}{'/copy':>7}  bar"
+        f"{'op':<44}{'ours ms':>9}{'peer ms':>9}{'eager ms':>10}{'ours/peer':>10}{'ours/eager':>11}"
+        f"{'GB/s':>7}{'/copy':>7}  bar"
     )
     for r in rows:
 
@@ -212,16 +257,20 @@ def main():
         bar = "" if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
         print(
             f"{r['op']:<44}{f('ours_ms', '9.3f')}{f('peer_ms', '9.3f')}{f('eager_ms', '10.3f')}"
-            f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}{f('ours_frac_copy', '7.2f')}  {bar}"
+            f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}"
+            f"{f('ours_frac_copy', '7.2f')}  {bar}"
         )
+        print(f"{'  bytes: ' + format(r['bytes'] / 1e6, '.0f') + ' MB = ' + r['bytes_note']}")
         if "ours_kernel_ms" in r:
             print(
-                f"{'  (GPU kernel time per step: ours / peer)':<44}{r['ours_kernel_ms']:9.3f}{r.get('peer_kernel_ms', float('nan')):9.3f}"
+                f"{'  GPU kernel time per step: ours / peer':<44}{r['ours_kernel_ms']:9.3f}"
+                f"{r.get('peer_kernel_ms', float('nan')):9.3f}{'':<31}"
+                f"{r['ours_kernel_gbs']:7.0f}{r['ours_kernel_frac_copy']:7.2f}  (kernel GB/s, /copy)"
             )
-        if "ours in-place bwd_ms" in r:
-            print(f"{'  (ours, in_place_backward=True)':<44}{r['ours in-place bwd_ms']:9.3f}")
-    for e in errors:
-        print("ERROR", e)
+        for key in ("ours in-place bwd", "ours inplace"):
+            if f"{key}_ms" in r:
+                kernel = f"{r[key + '_kernel_ms']:9.3f}" if f"{key}_kernel_ms" in r else ""
+                print(f"{'  (' + key + '): wall / GPU kernel ms':<44}{r[key + '_ms']:9.3f}{kernel}")
 
 
 if __name__ == "__main__":

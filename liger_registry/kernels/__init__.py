@@ -10,7 +10,7 @@ from . import torch_impl
 from .ce_torch import check_ce_options
 from .cross_entropy import cross_entropy_torch
 from .custom_ops import geglu_triton, layer_norm_triton, rms_norm_triton, rope_triton, swiglu_triton
-from .custom_ops_loss import cross_entropy_triton
+from .custom_ops_loss import cross_entropy_fused, cross_entropy_triton
 from .flce import FLCEOutput, FusedLinearCrossEntropyFunction
 from .flce import fused_linear_cross_entropy as fused_linear_cross_entropy
 from .flce_options import FlceOptions
@@ -72,8 +72,15 @@ def cross_entropy(
     softcap: float | None = None,
     lse_square_scale: float = 0.0,
     class_weights: torch.Tensor | None = None,
+    inplace_backward: bool = False,
 ) -> torch.Tensor:
-    """Cross entropy over rows of ``logits`` [N, V]; same semantics as :func:`fused_linear_cross_entropy`."""
+    """Cross entropy over rows of ``logits`` [N, V]; same semantics as :func:`fused_linear_cross_entropy`.
+
+    ``inplace_backward=True`` (opt-in) writes the gradient over ``logits`` in the forward pass when one is needed:
+    the caller's logits hold d loss / d logits afterwards. It saves one [N, V] buffer and its write bandwidth
+    (the reference library's default). Logits must be contiguous and not a partial view of a larger tensor
+    (ValueError otherwise); another autograd node that saved them fails at backward with PyTorch's in-place
+    error; eager only (ValueError under torch.compile); one backward, no double backward. See ``ce_inplace``."""
     check_ce_options(label_smoothing, softcap, reduction)
     check_ignore_index(ignore_index)
     if softcap is not None:
@@ -82,9 +89,7 @@ def cross_entropy(
         raise ValueError(
             f"logits must be [N, V] and target [N]; got {tuple(logits.shape)}, {tuple(target.shape)}"
         )
-    return OPS["cross_entropy"](
-        logits,
-        target,
+    options = dict(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
         reduction=reduction,
@@ -92,6 +97,11 @@ def cross_entropy(
         lse_square_scale=lse_square_scale,
         class_weights=class_weights,
     )
+    op = OPS["cross_entropy"]
+    if not inplace_backward:
+        return op(logits, target, **options)
+    backend, _ = op.decide(logits, target, **options)
+    return cross_entropy_fused(logits, target, **options, inplace_backward=True, backend=backend)
 
 
 def rms_norm(

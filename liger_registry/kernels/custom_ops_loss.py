@@ -7,13 +7,14 @@ from torch import Tensor
 
 from . import ce_torch
 from .backward_once import check_backward
+from .ce_inplace import check_inplace_logits, mark_overwritten
 from .ce_rows import ce_rows_for
 from .cross_entropy import reduce_ce
 from .custom_ops import NS, _call, _eager_function
 from .flce_loop import flce_compute
 from .flce_run import FlceRun
 from .jsd_loop import fljsd_compute
-from .labels import check_labels
+from .labels import start_label_check
 from .scale_unless_one import scale_unless_one_
 
 
@@ -24,6 +25,53 @@ def _ce_scales(reduction, target, ignore_index, class_weights):
         return 1.0, 1.0
     ce_s = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
     return ce_s, 1.0 / n_valid.clamp(min=1.0)
+
+
+def _ce_forward(
+    logits,
+    target,
+    class_weights,
+    ignore_index,
+    label_smoothing,
+    softcap,
+    lse_square_scale,
+    reduction,
+    compute_grad,
+    backend,
+    *,
+    in_place: bool,
+):
+    """(loss, z_loss, grad) of rows of ``logits``; the gradient (for grad_output 1) is written in the pass that
+    reads the logits: into a new buffer, or over the logits themselves when ``in_place``."""
+    target, finish_label_check = start_label_check(target, ignore_index, logits.shape[1])
+    buf = logits if logits.stride(-1) == 1 else logits.contiguous()
+    if not compute_grad:
+        grad = buf.new_empty(0)
+    else:
+        grad = buf if in_place else torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
+    ce_s, z_s = _ce_scales(reduction, target, ignore_index, class_weights)
+    ce, zl, _ = ce_rows_for(backend)(
+        buf,
+        target,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        softcap=softcap,
+        logit_scale=1.0,
+        lse_square_scale=lse_square_scale,
+        class_weights=class_weights,
+        ce_grad_scale=ce_s,
+        z_grad_scale=z_s,
+        row_grad=None,
+        compute_grad=compute_grad,
+        argmax_mode=0,
+        grad_out=grad if compute_grad and not in_place else None,
+    )
+    loss, z = reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)
+    finish_label_check()  # after the kernels are queued: the host waits for the flag, not before launching
+    if compute_grad and in_place:
+        mark_overwritten(logits)
+        grad = logits.detach()
+    return loss, z, grad
 
 
 def _cross_entropy_fwd_impl(
@@ -40,28 +88,24 @@ def _cross_entropy_fwd_impl(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(loss, z_loss, grad); with ``compute_grad`` the gradient of the loss (for grad_output 1) is written into
     a new buffer in the same pass that reads the logits (the logits themselves are left untouched)."""
-    check_labels(target, ignore_index, logits.shape[1])
-    buf = logits if logits.stride(-1) == 1 else logits.contiguous()
-    grad = torch.empty(buf.shape, dtype=buf.dtype, device=buf.device) if compute_grad else buf.new_empty(0)
-    ce_s, z_s = _ce_scales(reduction, target, ignore_index, class_weights)
-    ce, zl, _ = ce_rows_for(backend)(
-        buf,
+    return _ce_forward(
+        logits,
         target,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        softcap=softcap,
-        logit_scale=1.0,
-        lse_square_scale=lse_square_scale,
-        class_weights=class_weights,
-        ce_grad_scale=ce_s,
-        z_grad_scale=z_s,
-        row_grad=None,
-        compute_grad=compute_grad,
-        argmax_mode=0,
-        grad_out=grad if compute_grad else None,
+        class_weights,
+        ignore_index,
+        label_smoothing,
+        softcap,
+        lse_square_scale,
+        reduction,
+        compute_grad,
+        backend,
+        in_place=False,
     )
-    loss, z = reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)
-    return loss, z, grad
+
+
+def _cross_entropy_inplace_impl(*args) -> tuple[Tensor, Tensor, Tensor]:
+    """As :func:`_cross_entropy_fwd_impl`, the gradient written over the logits (eager only; see ce_inplace)."""
+    return _ce_forward(*args, in_place=True)
 
 
 cross_entropy_fwd = torch.library.custom_op(
@@ -124,9 +168,12 @@ torch.library.register_autograd(f"{NS}::cross_entropy_fwd", _ce_backward, setup_
 _CrossEntropyFn = _eager_function(
     "_CrossEntropyFn", _cross_entropy_fwd_impl, _ce_setup, _ce_backward, aux=(1, 2)
 )
+_CrossEntropyInPlaceFn = _eager_function(
+    "_CrossEntropyInPlaceFn", _cross_entropy_inplace_impl, _ce_setup, _ce_backward, aux=(1, 2)
+)
 
 
-def cross_entropy_triton(
+def cross_entropy_fused(
     logits,
     target,
     *,
@@ -136,11 +183,13 @@ def cross_entropy_triton(
     softcap=None,
     lse_square_scale=0.0,
     class_weights=None,
+    inplace_backward=False,
+    backend="triton",
 ):
+    """Cross entropy whose gradient is computed in the forward pass (the Triton path; ``backend="torch"`` runs the
+    same contract with PyTorch row math). ``inplace_backward`` writes that gradient over the logits."""
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
-    return _call(
-        cross_entropy_fwd,
-        _CrossEntropyFn,
+    args = (
         logits,
         target,
         class_weights,
@@ -150,8 +199,21 @@ def cross_entropy_triton(
         float(lse_square_scale),
         reduction,
         compute_grad,
-        "triton",
-    )[0]
+        backend,
+    )
+    if inplace_backward:
+        if torch.compiler.is_compiling():
+            raise ValueError(
+                "cross_entropy(inplace_backward=True) runs eagerly only (a compiled graph cannot overwrite its "
+                "input); pass inplace_backward=False under torch.compile"
+            )
+        check_inplace_logits(logits)
+        return _CrossEntropyInPlaceFn.apply(*args)[0]
+    return _call(cross_entropy_fwd, _CrossEntropyFn, *args)[0]
+
+
+def cross_entropy_triton(logits, target, **options):
+    return cross_entropy_fused(logits, target, **options, backend="triton")
 
 
 # ---------------------------------------------------------------- fused linear cross entropy

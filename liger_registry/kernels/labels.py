@@ -11,7 +11,7 @@ bound (< 2% of the FLCE call at N=4096, H=4096, V=128256, bf16) is asserted by t
 The fused loss on CUDA (:func:`start_label_check`) does not read the result back before its kernels: it
 replaces bad ids on the device, queues the loss, then waits for the flag and raises before the loss is returned
 (the early read made the host wait for all earlier GPU work, so the loss's launches met an idle GPU). The
-standalone cross entropy (its logits already materialised) keeps the plain read-back check. Under torch.compile
+fused standalone cross entropy does the same (its row kernel is queued before the wait). Under torch.compile
 the check runs inside the opaque custom ops (FLCE, Triton cross entropy); the traced PyTorch cross entropy skips
 it (no graph break) and leaves the bounds check to ``gather``.
 """

@@ -115,3 +115,29 @@ def test_force_flce_strategy_plugin_injects_and_checks_the_strategy(monkeypatch)
     with pytest.raises(RuntimeError, match="resolved 'auto'"):  # the knob did not reach the resolved spec
         forced("model", resolved="auto")
     assert reverted == [1]  # and the patch is taken back
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="CPU Triton needs the interpreter"
+)
+def test_probe_norm_host_records_each_norm_kernel_grid(monkeypatch) -> None:
+    """probe_norm_host's launch-parameter table: every norm kernel a LayerNorm / RMSNorm step launches is recorded
+    with its grid, and the kernels are restored afterwards (the rest of the probe needs CUDA)."""
+    import torch
+
+    from liger_registry import kernels as K
+    from liger_registry.kernels import triton_norm
+
+    probe = _load("probe_norm_host.py")
+    monkeypatch.setenv(K.ENV_VAR, "triton")
+    before = {name: getattr(triton_norm, name) for name in probe.KERNELS}
+    grids, undo = probe.record_grids()
+    x = torch.randn(8, 40, requires_grad=True)
+    w, b = torch.randn(40, requires_grad=True), torch.randn(40, requires_grad=True)
+    K.layer_norm(x, w, b, 1e-5).sum().backward()
+    K.rms_norm(x, w, 1e-6).sum().backward()
+    undo()
+    assert {name: getattr(triton_norm, name) for name in probe.KERNELS} == before
+    assert grids["_ln_fwd_kernel"] == grids["_rms_fwd_kernel"] == {(8,)}  # one program per row
+    assert grids["_ln_bwd_kernel"] == grids["_rms_bwd_kernel"] == {(4,)}  # row_programs on the CPU
+    assert grids["_sum_parts_kernel"] == {(1, 2), (1, 1)}  # dw + db in one launch; dw alone

@@ -260,6 +260,57 @@ def test_cross_entropy(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cross_entropy_inplace_backward(dtype):
+    """The opt-in in-place backward: the default's loss and gradient, the gradient left in the logits' storage."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    logits = torch.randn(1031, 50257, device="cuda", generator=g) * 3
+    t = torch.randint(0, 50257, (1031,), device="cuda", generator=g)
+    t[::5] = -100
+    x, y = _leaf(logits, dtype), _leaf(logits, dtype)
+    ref = K.cross_entropy(x, t, label_smoothing=0.05)
+    out = K.cross_entropy(y, t, label_smoothing=0.05, inplace_backward=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    (ref * 0.5).backward()
+    (out * 0.5).backward()
+    torch.testing.assert_close(y.grad, x.grad, rtol=0, atol=0)
+    assert y.grad.data_ptr() == y.data_ptr()
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_step_has_no_host_sync(op):
+    """A norm's forward + backward is capturable in a CUDA graph (nothing waits for the GPU) and replays to the
+    eager gradients."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(4096, 4096, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = torch.randn(4096, device="cuda", generator=g).bfloat16().requires_grad_()
+    b = torch.randn(4096, device="cuda", generator=g).bfloat16().requires_grad_()
+    dy = torch.randn(4096, 4096, device="cuda", generator=g).bfloat16()
+    params = (x, w, b) if op == "layer_norm" else (x, w)
+
+    def fwd():
+        return K.layer_norm(x, w, b, 1e-5) if op == "layer_norm" else K.rms_norm(x, w, 1e-6)
+
+    fwd().backward(dy)
+    eager = [p.grad.clone() for p in params]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for p in params:
+            p.grad = None
+        fwd().backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    for p in params:
+        p.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fwd().backward(dy)
+    graph.replay()
+    torch.cuda.synchronize()
+    for p, e in zip(params, eager, strict=True):
+        torch.testing.assert_close(p.grad, e)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.0)])
 def test_rms_norm(dtype, mode, offset):
     g = torch.Generator(device="cuda").manual_seed(3)

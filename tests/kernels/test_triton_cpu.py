@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from kernel_refs import ce_reference, flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import ce_torch, flce_planner, torch_impl, triton_utils
+from liger_registry.kernels import ce_torch, flce_planner, torch_impl, triton_norm, triton_utils
 from liger_registry.kernels import flce_vocab_rows as vr
 from liger_registry.kernels.flce_options import FlceOptions
 from liger_registry.kernels.flce_target import target_logits_torch
@@ -224,6 +224,34 @@ def test_layer_norm_triton(bias):
     ins = [x, w] + ([b] if bias else [])
     for a, e in zip(torch.autograd.grad(y, ins, dy), torch.autograd.grad(ref, ins, dy), strict=True):
         _close(a, e, 1e-4)
+
+
+@pytest.mark.parametrize("need", [(True, False), (False, True)], ids=["dw-only", "db-only"])
+def test_layer_norm_triton_one_parameter_grad(need):
+    """The backward's partials buffer holds only the gradients asked for; the sum kernel writes each one."""
+    x = torch.randn(9, 40, generator=_g()).requires_grad_()
+    w = torch.randn(40, generator=_g(1)).requires_grad_(need[0])
+    b = torch.randn(40, generator=_g(2)).requires_grad_(need[1])
+    dy = torch.randn(9, 40, generator=_g(3))
+    p = w if need[0] else b
+    got = torch.autograd.grad(K.layer_norm(x, w, b, 1e-5), [x, p], dy)
+    exp = torch.autograd.grad(F.layer_norm(x, (40,), w, b, 1e-5), [x, p], dy)
+    for a, e in zip(got, exp, strict=True):
+        _close(a, e, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_partial_sums_kernel(monkeypatch, dtype):
+    """Several partial-row steps and column blocks with a ragged tail; the result is cast to the weight dtype."""
+    monkeypatch.setattr(triton_norm, "SUM_BLOCK_P", 8)
+    parts = torch.randn(2, 37, 150, generator=_g())
+    dw, db = triton_norm._sum_parts(parts, dtype)
+    assert dw.dtype == db.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2**-7  # one bf16 rounding of the fp32 sum (<= half an ulp)
+    _close(dw, parts[0].sum(0), tol)
+    _close(db, parts[1].sum(0), tol)
+    (only,) = triton_norm._sum_parts(parts[1:], dtype)
+    _close(only, parts[1].sum(0), tol)
 
 
 @pytest.mark.parametrize("batch_cos", [1, 2])
