@@ -11,6 +11,7 @@ import transformers
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from liger_registry.attr_path import read_path
 from liger_registry.registry.errors import RegistryError
 from liger_registry.schemas import KINDS, FamilyEntry
 from liger_registry.schemas.family import HEAD_CONFIG_ATTRS
@@ -174,7 +175,7 @@ def moe_problems(entry: FamilyEntry, *holders: Any) -> list[str]:
             f"family {entry.family!r}: cannot build the default config to check head.moe: {exc}",
         ]
     for constant, names in moe.attrs().items():
-        if not any(getattr(h, name, None) is not None for h in holders for name in names):
+        if not any(read_path(h, name) is not None for h in holders for name in names):
             problems.append(
                 f"family {entry.family!r}: head.moe: {' or '.join(type(h).__name__ for h in holders)} has none of "
                 f"{', '.join(names)} (the {constant} the MoE forward reads)"
