@@ -14,6 +14,7 @@ from packaging.version import Version
 from liger_registry.attr_path import read_path
 from liger_registry.registry.errors import RegistryError
 from liger_registry.schemas import KINDS, FamilyEntry
+from liger_registry.schemas.defaults import default
 from liger_registry.schemas.family import HEAD_CONFIG_ATTRS
 
 
@@ -21,12 +22,20 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
+def supported_range(entry: FamilyEntry) -> SpecifierSet:
+    """The family's `transformers` range within the defaults' (a family narrows it, InternLM3 to >=5.24; it never
+    widens it, so one edit of the defaults file still bumps every family)."""
+    return SpecifierSet(default("transformers")) & SpecifierSet(entry.transformers)
+
+
 def version_problem(entry: FamilyEntry) -> str | None:
     installed = Version(transformers_version())
     if installed.is_prerelease or installed.is_devrelease:
         installed = Version(installed.base_version)
-    if installed not in SpecifierSet(entry.transformers):
-        return f"family {entry.family!r} supports transformers{entry.transformers}; installed is {transformers_version()}"
+    if installed not in (supported := supported_range(entry)):
+        return (
+            f"family {entry.family!r} supports transformers{supported}; installed is {transformers_version()}"
+        )
     return None
 
 

@@ -198,7 +198,9 @@ class FamilyEntry(StrictModel):
         default("forward"), description="Name of a registered forward (never a dotted path)."
     )
     transformers: str = Field(
-        default("transformers"), description="PEP 440 specifier of supported transformers versions."
+        default("transformers"),
+        description="PEP 440 specifier of supported transformers versions; it narrows the defaults' range "
+        "(a family for a type only newer releases have states a lower bound), never widens it.",
     )
     tested: list[str] = Field(
         default_factory=default_list("tested"), description="transformers versions the parity suite ran on."
