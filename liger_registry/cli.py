@@ -147,6 +147,7 @@ def _list(args) -> int:
             [name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"]
         )
     print_table(["family", "model types", "kernels", "off", "transformers tested"], rows)
+    print(f"{len(registry.families)} families, {len(registry.by_model_type)} model types")
     return 0
 
 

@@ -27,6 +27,16 @@ def test_list_prints_every_family(capsys):
     for family in ("llama", "mistral", "qwen2", "qwen3", "gpt_oss"):
         assert family in out
     assert "transformers tested" in out
+    registry = liger_registry.load_registry()
+    assert (
+        out.splitlines()[-1]
+        == f"{len(registry.families)} families, {len(registry.by_model_type)} model types"
+    )
+
+
+def test_the_readme_states_the_bundled_family_count():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"The bundled registry has {len(liger_registry.load_registry().families)} families." in readme
 
 
 def test_show_and_explain(capsys):

@@ -178,3 +178,21 @@ def test_parity_differences_flag_each_tensor_and_nan():
     problems = differences(got, want, True)
     assert [p.split(" ")[0] for p in problems] == ["logits", "no", "gradients", "loss"]
     assert "worst w" in problems[2] and "e.g. b" in problems[1]
+
+
+def test_a_family_for_other_transformers_releases_is_a_note_not_an_error(tmp_path, capsys):
+    """A family whose `transformers` range leaves out the installed release (InternLM3 on 5.17) is not checked:
+    the names it uses may not exist here. Its range in the note; the lint stays clean (exit 0)."""
+    (tmp_path / "future.yaml").write_text(
+        "family: future\nmodel_types: [no_such_type_yet]\nmodule: transformers.models.no_such.modeling_no_such\n"
+        "causal_lm: NoSuchForCausalLM\ntransformers: '>=99'\n"
+    )
+    args = ["lint", "--deep", "--registry", str(tmp_path), "--family", "future", "--format", "json"]
+    assert cli.main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["findings"] == []
+    assert [n["check"] for n in report["notes"]] == ["version"]
+    message = report["notes"][0]["message"]
+    assert (
+        "supports transformers" in message and ">=99" in message and "its checks do not run here" in message
+    )

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from liger_registry import kernels
+from liger_registry.attr_path import read_path
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
     call_fused_head,
@@ -166,10 +167,11 @@ def causal_lm(model, ctx: ForwardContext, *args, skip_logits: bool | None = None
 
 
 def _moe_constant(model: Any, config: Any, *names: str) -> Any:
-    """An MoE constant as the original reads it: the ForCausalLM's own attribute, else the (text) config's."""
-    value = getattr(model, names[0], None)
+    """An MoE constant as the original reads it: the ForCausalLM's own attribute, else the (text) config's
+    (a name, or a dotted path into a nested config)."""
+    value = read_path(model, names[0])
     for name in names:
-        value = getattr(config, name, None) if value is None else value
+        value = read_path(config, name) if value is None else value
     if value is None:
         raise AttributeError(f"liger_registry: neither the model nor its config has {' or '.join(names)}")
     return value

@@ -11,8 +11,10 @@ import transformers
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from liger_registry.attr_path import read_path
 from liger_registry.registry.errors import RegistryError
 from liger_registry.schemas import KINDS, FamilyEntry
+from liger_registry.schemas.defaults import default
 from liger_registry.schemas.family import HEAD_CONFIG_ATTRS
 
 
@@ -20,12 +22,20 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
+def supported_range(entry: FamilyEntry) -> SpecifierSet:
+    """The family's `transformers` range within the defaults' (a family narrows it, InternLM3 to >=5.24; it never
+    widens it, so one edit of the defaults file still bumps every family)."""
+    return SpecifierSet(default("transformers")) & SpecifierSet(entry.transformers)
+
+
 def version_problem(entry: FamilyEntry) -> str | None:
     installed = Version(transformers_version())
     if installed.is_prerelease or installed.is_devrelease:
         installed = Version(installed.base_version)
-    if installed not in SpecifierSet(entry.transformers):
-        return f"family {entry.family!r} supports transformers{entry.transformers}; installed is {transformers_version()}"
+    if installed not in (supported := supported_range(entry)):
+        return (
+            f"family {entry.family!r} supports transformers{supported}; installed is {transformers_version()}"
+        )
     return None
 
 
@@ -174,7 +184,7 @@ def moe_problems(entry: FamilyEntry, *holders: Any) -> list[str]:
             f"family {entry.family!r}: cannot build the default config to check head.moe: {exc}",
         ]
     for constant, names in moe.attrs().items():
-        if not any(getattr(h, name, None) is not None for h in holders for name in names):
+        if not any(read_path(h, name) is not None for h in holders for name in names):
             problems.append(
                 f"family {entry.family!r}: head.moe: {' or '.join(type(h).__name__ for h in holders)} has none of "
                 f"{', '.join(names)} (the {constant} the MoE forward reads)"

@@ -190,7 +190,13 @@ def _structural(config: PretrainedConfig) -> dict[str, Any]:
     for name, sub in vars(config).items():
         # DBRX's attention reads attn_config.rope_theta, which transformers 5's default sub-config lacks
         # (checkpoints carry it): give it the model's own theta.
-        if isinstance(sub, PretrainedConfig) and theta is not None and "rope_theta" not in vars(sub):
+        attention = "attn" in name or "attention" in name
+        if (
+            isinstance(sub, PretrainedConfig)
+            and attention
+            and theta is not None
+            and "rope_theta" not in vars(sub)
+        ):
             values[name] = {"rope_theta": theta}
     if config.to_dict().get("kv_lora_rank") is not None:
         values["num_key_value_heads"] = SMALL["num_attention_heads"]
@@ -279,8 +285,27 @@ def build_tiny(entry: FamilyEntry) -> nn.Module:
         return tiny_model(model_type, registry=registry)
     except Refused as exc:
         raise Refused(f"cannot build a tiny model: {exc}") from exc
+    except ImportError as exc:
+        raise Refused(f"cannot build a tiny model: {missing_backends(exc)}") from exc
     except Exception as exc:  # any config or constructor error is why this type is refused
         raise Refused(f"cannot build a tiny model: {type(exc).__name__}: {first_line(exc)}") from exc
+
+
+_MISSING_BACKEND = re.compile(r"^(\w+) requires the (\S+) library but it was not found", re.M)
+
+
+def missing_backends(exc: ImportError) -> str:
+    """Every package a class of the model needs and the environment lacks (transformers' requires_backends
+    names them one per paragraph), not just the first."""
+    found = _MISSING_BACKEND.findall(str(exc))
+    if not found:
+        return f"ImportError: {first_line(exc)}"
+    classes = ", ".join(dict.fromkeys(cls for cls, _ in found))
+    packages = ", ".join(dict.fromkeys(pkg for _, pkg in found))
+    return (
+        f"ImportError: {classes} (built with the model, even where the checks never run it) needs {packages}, "
+        "not installed here"
+    )
 
 
 def first_line(exc: BaseException) -> str:
@@ -308,6 +333,11 @@ def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
         module = captured.instances[0]
         if "Expert" in name and any(p.dim() == 3 for p in module.parameters(recurse=False)):
             notes.append(f"the routed experts are one fused {name} module (3-D weights): no GLU target")
+        elif "Expert" in name and any(p.dim() == 2 for p in module.parameters(recurse=False)):
+            notes.append(
+                f"the routed experts are one fused {name} module (every expert's weights in one 2-D parameter, "
+                "not gate/up/down linears): no GLU target"
+            )
         elif name.endswith("MLP") and name not in mlps:
             notes.append(f"{name} is not a gated MLP (no gate and up projections): no GLU kernel")
     norms = {type(m).__name__ for m in model.modules() if type(m) in (nn.LayerNorm, nn.RMSNorm)}

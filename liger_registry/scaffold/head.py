@@ -10,11 +10,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from liger_registry.attr_path import read_path
 from liger_registry.scaffold.decide import decide_logit_roles
 from liger_registry.scaffold.inspect import ModelSource, child_name, source_mentions
 
 _AUX_CALL = re.compile(r"load_balancing_loss_func\(\s*outputs\.router_logits,\s*self\.(\w+),\s*self\.(\w+)")
 _AUX_COEF = re.compile(r"loss\s*\+=\s*self\.(\w+)\s*\*\s*aux_loss")
+# `self.num_experts = config.ffn_config.moe_num_experts` in the causal LM's __init__: (attribute, config path)
+_SELF_FROM_CONFIG_PATH = re.compile(r"self\.(\w+)\s*=\s*(?:self\.)?config\.(\w+(?:\.\w+)*)\s*$", re.M)
 # What causal_lm_moe reads, in order: the ForCausalLM's attribute, then the (text) config's.
 MOE_NAMES = (("num_experts", "num_local_experts"), ("num_experts_per_tok",), ("router_aux_loss_coef",))
 MOE_FIELDS = ("num_experts_attrs", "top_k_attr", "coefficient_attr")  # the head.moe field of each
@@ -38,10 +41,22 @@ def _moe_value(model: nn.Module, config: Any, names: tuple[str, ...]) -> Any:
     return value
 
 
+def _config_path(source: ModelSource, attr: str, config: Any, value: Any) -> str | None:
+    """Where in the config the causal LM's __init__ reads `self.attr` from, as a dotted path (JetMoE's
+    aux_loss_coef, DBRX's ffn_config.moe_loss_weight), when the config holds the same value there."""
+    try:
+        init = pyinspect.getsource(source.causal_lm.__init__)
+    except (OSError, TypeError):
+        init = ""
+    paths = [p for a, p in _SELF_FROM_CONFIG_PATH.findall(init) if a == attr]
+    paths.append(attr)  # the config's own attribute of that name
+    return next((p for p in paths if value is not None and read_path(config, p) == value), None)
+
+
 def _router_loss_names(model: nn.Module, source: ModelSource, config: Any) -> dict[str, Any]:
     """The head.moe names causal_lm_moe must read to get the original's expert count, top-k and coefficient:
-    {} where the defaults do; the original's own names where its config holds them under those names (JetMoE's
-    aux_loss_coef); HeadRefused where neither does."""
+    {} where the defaults do (and the config holds them, as the lint checks); else where the original's config
+    holds them: its own names or a dotted path into a nested config; HeadRefused where it holds them nowhere."""
     if not callable(getattr(source.module, "load_balancing_loss_func", None)):
         raise HeadRefused(f"router aux loss: {source.module_name} has no load_balancing_loss_func")
     code = pyinspect.getsource(source.causal_lm.forward)
@@ -53,14 +68,17 @@ def _router_loss_names(model: nn.Module, source: ModelSource, config: Any) -> di
     names: dict[str, Any] = {}
     for theirs, ours, field in zip((*call.groups(), coef.group(1)), MOE_NAMES, MOE_FIELDS, strict=True):
         value = getattr(model, theirs, None)
-        if value == _moe_value(model, config, ours):
+        if value == _moe_value(model, config, ours) and any(
+            getattr(config, n, None) is not None for n in ours
+        ):
             continue
-        if value is None or getattr(config, theirs, None) != value:
+        path = _config_path(source, theirs, config, value)
+        if path is None:
             raise HeadRefused(
                 f"router aux loss: the original reads self.{theirs}; causal_lm_moe reads {' or '.join(ours)} "
-                "(an MoE config name the forward does not know)"
+                "(an MoE config name the forward does not know, and the config holds it under no name or path)"
             )
-        names[field] = [theirs] if field == "num_experts_attrs" else theirs
+        names[field] = [path] if field == "num_experts_attrs" else path
     return names
 
 

@@ -6,8 +6,17 @@ import re
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
+from liger_registry.attr_path import checked_path
 from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default, default_list
@@ -24,6 +33,8 @@ Mib = (
     | Annotated[StrictFloat, Field(gt=0, le=MAX_CHUNK_MIB, allow_inf_nan=False)]
 )
 ChunkConst = Annotated[StrictInt, Field(ge=1, le=MAX_CHUNK_MEM_CONST)]
+# An attribute name, or a dotted path into a nested config (DBRX's ffn_config.moe_num_experts).
+AttrPath = Annotated[str, AfterValidator(checked_path)]
 BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
 
 
@@ -107,16 +118,18 @@ class MoeSpec(StrictModel):
         default("head.moe.aux_loss_function"),
         description="Load-balancing loss function in the family's module.",
     )
-    num_experts_attrs: list[str] = Field(
+    num_experts_attrs: list[AttrPath] = Field(
         default_factory=default_list("head.moe.num_experts_attrs"),
         min_length=1,
-        description="Attributes holding the expert count, the first one present wins (model, then config).",
+        description="Attributes holding the expert count, the first one present wins (model, then config); "
+        "each a name or a dotted path into a nested config (ffn_config.moe_num_experts).",
     )
-    top_k_attr: str = Field(
-        default("head.moe.top_k_attr"), description="Attribute holding experts per token."
+    top_k_attr: AttrPath = Field(
+        default("head.moe.top_k_attr"), description="Attribute (or dotted path) holding experts per token."
     )
-    coefficient_attr: str = Field(
-        default("head.moe.coefficient_attr"), description="Attribute holding the aux-loss coefficient."
+    coefficient_attr: AttrPath = Field(
+        default("head.moe.coefficient_attr"),
+        description="Attribute (or dotted path) holding the aux-loss coefficient.",
     )
 
     def attrs(self) -> dict[str, list[str]]:
@@ -185,7 +198,9 @@ class FamilyEntry(StrictModel):
         default("forward"), description="Name of a registered forward (never a dotted path)."
     )
     transformers: str = Field(
-        default("transformers"), description="PEP 440 specifier of supported transformers versions."
+        default("transformers"),
+        description="PEP 440 specifier of supported transformers versions; it narrows the defaults' range "
+        "(a family for a type only newer releases have states a lower bound), never widens it.",
     )
     tested: list[str] = Field(
         default_factory=default_list("tested"), description="transformers versions the parity suite ran on."

@@ -39,6 +39,42 @@ def test_moe_contract_catches_a_wrong_name(tmp_path, head, message, capsys):
     assert "[moe]" in capsys.readouterr().out
 
 
+DBRX = """\
+family: mini_dbrx
+model_types: [mini_dbrx]
+module: transformers.models.dbrx.modeling_dbrx
+causal_lm: DbrxForCausalLM
+forward: causal_lm_moe
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("ffn_config.moe_top_k", None),  # DBRX's nested config: read through the dotted path
+        ("ffn_config.moe_k", "none of ffn_config.moe_k (the top_k"),  # no such attribute in the nested config
+        ("moe_top_k", "none of moe_top_k (the top_k"),  # the nested name alone is not top-level
+    ],
+)
+def test_moe_contract_reads_dotted_paths_into_nested_configs(tmp_path, path, problem):
+    (tmp_path / "d.yaml").write_text(
+        DBRX
+        + "head:\n  base_model: transformer\n"
+        + f"  moe: {{num_experts_attrs: [ffn_config.moe_num_experts], top_k_attr: {path}, "
+        "coefficient_attr: ffn_config.moe_loss_weight}\n"
+    )
+    entry = liger_registry.load_registry(tmp_path).family("mini_dbrx").entry
+    problems = moe_problems(entry)
+    assert problems == [] if problem is None else any(problem in p for p in problems), problems
+
+
+@pytest.mark.parametrize("path", ["ffn_config..moe_top_k", "ffn_config.", "1st.moe", "ffn_config.moe top_k"])
+def test_moe_names_must_be_attribute_paths(tmp_path, path):
+    (tmp_path / "d.yaml").write_text(MIXTRAL + f"head: {{moe: {{top_k_attr: '{path}'}}}}\n")
+    with pytest.raises(liger_registry.RegistryError, match="not an attribute name or a dotted path"):
+        liger_registry.load_registry(tmp_path)
+
+
 def test_apply_checks_the_moe_contract_on_the_model(tmp_path):
     (tmp_path / "m.yaml").write_text(MIXTRAL + "head: {moe: {coefficient_attr: aux_coef}}\n")
     registry = liger_registry.load_registry(tmp_path)

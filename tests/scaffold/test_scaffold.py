@@ -111,6 +111,37 @@ def test_jetmoe_router_loss_names_are_drafted_from_what_its_forward_reads():
     assert entry.head.moe == BUNDLED.family_for("jetmoe").entry.head.moe
 
 
+def test_dbrx_router_loss_names_are_drafted_as_paths_into_its_nested_config():
+    """DBRX's causal LM sets self.num_experts = config.ffn_config.moe_num_experts (and top-k, coefficient): the
+    top-level names the lint checks are not in its config, so the draft names the nested paths, as the bundled
+    entry does, and the entry is proven."""
+    result = scaffold("dbrx")
+    assert result.ok and not result.corrections, (result.reasons, result.corrections)
+    moe = result.entry.head.moe
+    assert moe.num_experts_attrs == ["ffn_config.moe_num_experts"]
+    assert (moe.top_k_attr, moe.coefficient_attr) == ("ffn_config.moe_top_k", "ffn_config.moe_loss_weight")
+    assert moe == BUNDLED.family_for("dbrx").entry.head.moe
+    assert "rope_theta" not in result.entry.tiny_config["ffn_config"]  # only the attention sub-config gets it
+
+
+def test_a_tower_needing_missing_packages_is_refused_naming_every_package(monkeypatch):
+    """Gemma 3n's vision tower (TimmWrapperModel) needs PIL and timm: the refusal names both, not the first."""
+    message = (
+        "\nTimmWrapperModel requires the PIL library but it was not found in your environment. You can install "
+        "it with pip:\n`pip install pillow`.\n\nTimmWrapperModel requires the timm library but it was not found "
+        "in your environment. You can install it with pip:\n`pip install timm`.\n"
+    )
+
+    def missing(*args, **kwargs):
+        raise ImportError(message)
+
+    monkeypatch.setattr("liger_registry.testing.tiny_model", missing)
+    monkeypatch.setattr("liger_registry.testing.tiny_config", missing)
+    result = scaffold("qwen2")
+    assert not result.ok
+    assert "TimmWrapperModel" in result.reasons[0] and "needs PIL, timm, not installed" in result.reasons[0]
+
+
 @pytest.mark.parametrize(
     ("model_type", "words"), [("no_such_type", "no config"), ("gpt-sw3", "reports model_type")]
 )
