@@ -153,7 +153,7 @@ def test_types_it_cannot_serve_are_refused(model_type, words):
 def test_a_wrong_decision_is_caught_by_the_proof_and_turned_off(monkeypatch):
     """GLM-4's rope decided (wrongly) as rotate_half: the parity fails, and the proof turns rope off."""
 
-    def wrong_rope(source, run):
+    def wrong_rope(source, run, run_low=None):
         return Verdict("rope", "apply_rotary_pos_emb")
 
     monkeypatch.setattr(draft_module, "rope_verdict", wrong_rope)
