@@ -18,7 +18,12 @@ from liger_registry.schemas import AddRmsNormSpec, FamilyEntry
 
 
 def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
-    offset, mode, weight_attr, eps_attr = float(spec.offset), spec.casting_mode, spec.weight_attr, spec.eps_attr
+    offset, mode, weight_attr, eps_attr = (
+        float(spec.offset),
+        spec.casting_mode,
+        spec.weight_attr,
+        spec.eps_attr,
+    )
 
     def forward(self, hidden_states, *args, **kwargs):
         shape = layer_shape(type(self))  # checked when planned: a LayerShape

@@ -40,7 +40,9 @@ class LayerShape:
     positional: tuple[str, ...]  # those that may be given by position
     defaults: tuple[tuple[str, Any], ...]  # (parameter, default) for each one that has a default
     passed: tuple[str, ...]  # parameters the forward hands to the attention by name
-    renamed: tuple[tuple[str, str], ...]  # (old, new): keyword renames of the forward's deprecate_kwarg decorators
+    renamed: tuple[
+        tuple[str, str], ...
+    ]  # (old, new): keyword renames of the forward's deprecate_kwarg decorators
 
     def attention_kwargs(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
         """What the class's forward passes to the attention for these arguments (after hidden_states)."""
@@ -51,7 +53,7 @@ class LayerShape:
                 kwargs.setdefault(new, value)
         if len(args) > len(self.positional):
             raise TypeError(f"decoder layer forward takes {len(self.positional) + 1} positional arguments")
-        given = dict(zip(self.positional, args))
+        given = dict(zip(self.positional, args, strict=False))
         if twice := sorted(given.keys() & kwargs.keys()):
             raise TypeError(f"decoder layer forward got multiple values for {', '.join(twice)}")
         values = {**dict(self.defaults), **given, **kwargs}
@@ -81,7 +83,9 @@ def _renames(fn: ast.FunctionDef) -> tuple[tuple[tuple[str, str], ...], str | No
     renames = []
     for decorator in fn.decorator_list:
         call = decorator if isinstance(decorator, ast.Call) else None
-        name = getattr(getattr(call, "func", None), "id", None) or getattr(getattr(call, "func", None), "attr", "")
+        name = getattr(getattr(call, "func", None), "id", None) or getattr(
+            getattr(call, "func", None), "attr", ""
+        )
         if name != "deprecate_kwarg":
             return (), f"its forward has the decorator {ast.unparse(decorator)}"
         keywords = {k.arg: k.value for k in call.keywords}
@@ -133,8 +137,8 @@ def _parameters(fn: ast.FunctionDef) -> tuple[tuple[str, ...], tuple[tuple[str, 
         return (), (), "its forward does not take (self, hidden_states, ...)"
     if args.vararg is not None or args.kwarg is None:
         return (), (), "its forward does not take (..., **kwargs) without *args"
-    defaulted = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults))
-    defaulted += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+    defaulted = list(zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True))
+    defaulted += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None]
     defaults = []
     for name, node in defaulted:
         try:
@@ -153,7 +157,9 @@ def _attention_problem(keywords: list[ast.keyword], fn: ast.FunctionDef) -> str 
             if not (isinstance(value, ast.Name) and value.id == fn.args.kwarg.arg):
                 return f"its attention gets **{ast.unparse(value)}, not the forward's **{fn.args.kwarg.arg}"
         elif not (isinstance(value, ast.Name) and value.id == keyword.arg and keyword.arg in names):
-            return f"its attention gets {keyword.arg}={ast.unparse(value)}, not the forward's own {keyword.arg}"
+            return (
+                f"its attention gets {keyword.arg}={ast.unparse(value)}, not the forward's own {keyword.arg}"
+            )
     if not any(k.arg is None for k in keywords):
         return "its attention does not get the forward's **kwargs"
     return None
@@ -186,7 +192,9 @@ def layer_shape(cls: type) -> LayerShape | str:
     input_norm, attention, post_norm, mlp = names.parts
     passed = tuple(k.arg for k in names.keywords if k.arg is not None)
     parameters = positional + tuple(a.arg for a in fn.args.kwonlyargs)
-    return LayerShape(input_norm, attention, post_norm, mlp, parameters, positional, defaults, passed, renamed)
+    return LayerShape(
+        input_norm, attention, post_norm, mlp, parameters, positional, defaults, passed, renamed
+    )
 
 
 def part_class(cls: type, part: str) -> type | None:
@@ -201,7 +209,9 @@ def part_class(cls: type, part: str) -> type | None:
             return None
         module = inspect.getmodule(klass)
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
+            if not (
+                isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)
+            ):
                 continue
             target, func = node.targets[0], node.value.func
             if (

@@ -89,7 +89,9 @@ class AddRmsNormSpec(ModuleKernelSpec):
     offset: StrictFloat | StrictInt = Field(
         default(RMS_NORM + "offset"), description="Added to the norm's weight (Gemma stores weight - 1)."
     )
-    eps_attr: str = Field(default(RMS_NORM + "eps_attr"), description="Attribute of the norm holding epsilon.")
+    eps_attr: str = Field(
+        default(RMS_NORM + "eps_attr"), description="Attribute of the norm holding epsilon."
+    )
     weight_attr: str = Field(
         default(RMS_NORM + "weight_attr"), description="Attribute of the norm holding the scale."
     )
