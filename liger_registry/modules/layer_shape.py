@@ -197,6 +197,29 @@ def layer_shape(cls: type) -> LayerShape | str:
     )
 
 
+def _dotted(node: ast.expr) -> list[str] | None:
+    """``a.b.C`` as ["a", "b", "C"]; None for anything but names and attributes."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute) and (head := _dotted(node.value)) is not None:
+        return [*head, node.attr]
+    return None
+
+
+def _assigned_class(tree: ast.AST, part: str, module: Any) -> type | None:
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)):
+            continue
+        target = node.targets[0]
+        if _dotted(target) != ["self", part] or (path := _dotted(node.value.func)) is None:
+            continue
+        found: Any = module
+        for name in path:
+            found = getattr(found, name, None)
+        return found if isinstance(found, type) else None
+    return None
+
+
 def part_class(cls: type, part: str) -> type | None:
     """The class the layer's __init__ builds ``self.<part>`` from (``self.<part> = SomeClass(...)``), when its
     source says so plainly; None otherwise."""
@@ -207,21 +230,5 @@ def part_class(cls: type, part: str) -> type | None:
             tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         except (OSError, TypeError, SyntaxError):
             return None
-        module = inspect.getmodule(klass)
-        for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call)
-            ):
-                continue
-            target, func = node.targets[0], node.value.func
-            if (
-                isinstance(target, ast.Attribute)
-                and target.attr == part
-                and isinstance(target.value, ast.Name)
-                and target.value.id == "self"
-                and isinstance(func, ast.Name)
-            ):
-                found = getattr(module, func.id, None)
-                return found if isinstance(found, type) else None
-        return None
+        return _assigned_class(tree, part, inspect.getmodule(klass))
     return None
