@@ -12,7 +12,6 @@ import ast
 import inspect
 import textwrap
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 _TEMPLATE = """
@@ -165,9 +164,20 @@ def _attention_problem(keywords: list[ast.keyword], fn: ast.FunctionDef) -> str 
     return None
 
 
-@cache
+# A memo (a class's source does not change while it is loaded), a plain dict so that a compiled forward reads it
+# without tracing into the parser.
+_SHAPES: dict[type, LayerShape | str] = {}
+
+
 def layer_shape(cls: type) -> LayerShape | str:
     """The shape of a decoder layer class, or the reason it is not llama-shaped."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = _read_shape(cls)
+    return shape
+
+
+def _read_shape(cls: type) -> LayerShape | str:
     found = _forward_def(cls)
     if found is None:
         return f"{cls.__name__}: the source of its forward cannot be read"
