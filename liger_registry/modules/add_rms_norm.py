@@ -55,8 +55,10 @@ def _norm_problem(spec: AddRmsNormSpec, entry: FamilyEntry) -> tuple[tuple[type,
     from liger_registry.registry.targets import resolve_class
 
     rms = entry.kernels.rms_norm
-    if rms is None or not rms.enabled:
-        why = "declares none" if rms is None else f"is off ({rms.reason or 'no reason given'})"
+    # Off with a reason, the family says its declaration does not hold; off by a bare switch (rms_norm=False),
+    # the declared norm still is what the layer computes, and only its own kernel is not installed.
+    if rms is None or (not rms.enabled and rms.reason):
+        why = "declares none" if rms is None else f"is off ({rms.reason})"
         return (), f"the family's rms_norm kernel {why}: no declared RMSNorm for the post-attention norm"
     if _options(spec) != _options(rms):
         return (), (

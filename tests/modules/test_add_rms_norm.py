@@ -173,6 +173,13 @@ def test_class_wide_apply_and_revert_restore_the_class_forward():
     assert modeling_llama.LlamaDecoderLayer.forward is original
 
 
+def test_rms_norm_switched_off_leaves_the_fused_add_norm_on():
+    model = tiny_model("llama")
+    with liger_registry.patched(model, rms_norm=False) as handle:
+        kernels_on = {r.kernel for r in handle.report.patched}
+        assert "add_rms_norm" in kernels_on and "rms_norm" not in kernels_on
+
+
 def test_the_kind_can_be_turned_off_by_override():
     model = tiny_model("llama")
     with liger_registry.patched(model, add_rms_norm=False) as handle:
