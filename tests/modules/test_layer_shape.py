@@ -33,6 +33,44 @@ class Shaped(nn.Module):
         return hidden_states
 
 
+class EarlierRelease(nn.Module):
+    """The layer as transformers 4.56-5.x wrote it: past_key_values, cache_position, the older rename."""
+
+    @deprecate_kwarg("past_key_value", new_name="past_key_values", version="4.58")
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache: bool | None = False,
+        cache_position=None,
+        position_embeddings=None,  # necessary, but kept here for BC
+        **kwargs,
+    ):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        # Self Attention
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            cache_position=cache_position,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        hidden_states = residual + hidden_states
+
+        # Fully Connected
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
 class Inherits(Shaped):
     pass
 
@@ -118,6 +156,22 @@ def test_a_layer_of_any_names_is_read_and_its_arguments_bound_as_its_forward_bin
         shape.attention_kwargs(("m",), {"mask": "again"})
     with pytest.raises(TypeError, match="positional arguments"):
         shape.attention_kwargs((1, 2, 3, 4), {})
+
+
+def test_an_earlier_releases_layer_is_read_with_its_rename():
+    shape = layer_shape(EarlierRelease)
+    assert isinstance(shape, LayerShape)
+    assert shape.renamed == (("past_key_value", "past_key_values"),)
+    assert shape.passed == (
+        "attention_mask",
+        "position_ids",
+        "past_key_values",
+        "use_cache",
+        "cache_position",
+        "position_embeddings",
+    )
+    got = shape.attention_kwargs((), {"past_key_value": "kv", "position_embeddings": "pe"})
+    assert got["past_key_values"] == "kv" and got["use_cache"] is False and "past_key_value" not in got
 
 
 @pytest.mark.parametrize(
