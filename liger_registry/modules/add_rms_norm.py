@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from liger_registry.kernels.add_rms_norm import add_rms_norm
-from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class
+from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
 from liger_registry.schemas import AddRmsNormSpec, FamilyEntry
 
 
@@ -26,7 +26,7 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
     )
 
     def forward(self, hidden_states, *args, **kwargs):
-        shape = layer_shape(type(self))  # checked when planned: a LayerShape
+        shape = planned_shape(type(self))
         attention_kwargs = shape.attention_kwargs(args, kwargs)
         residual = hidden_states
         hidden_states = getattr(self, shape.input_norm)(hidden_states)

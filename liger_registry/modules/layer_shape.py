@@ -177,6 +177,18 @@ def layer_shape(cls: type) -> LayerShape | str:
     return shape
 
 
+def planned_shape(cls: type) -> LayerShape:
+    """The shape the plan found for cls or the nearest class above it: a wrapper's dynamic subclass (FSDP2's
+    ``FSDP<Layer>``) runs the forward planned for the layer class it derives from."""
+    for klass in cls.__mro__:
+        if isinstance(shape := _SHAPES.get(klass), LayerShape):
+            return shape
+    shape = layer_shape(cls)
+    if not isinstance(shape, LayerShape):
+        raise TypeError(shape)
+    return shape
+
+
 def _read_shape(cls: type) -> LayerShape | str:
     found = _forward_def(cls)
     if found is None:

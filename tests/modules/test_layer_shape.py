@@ -10,7 +10,7 @@ from transformers.models.llama import modeling_llama
 from transformers.models.olmo2 import modeling_olmo2
 from transformers.utils.deprecation import deprecate_kwarg
 
-from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class
+from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
 
 
 class Shaped(nn.Module):
@@ -189,3 +189,13 @@ def test_other_layers_are_refused_with_the_reason(cls, reason):
     shape = layer_shape(cls)
     assert isinstance(shape, str)
     assert shape.startswith(cls.__name__) and reason in shape
+
+
+def test_a_wrappers_dynamic_subclass_runs_the_shape_planned_for_its_layer_class():
+    from torch.distributed.fsdp import FSDPModule
+
+    wrapped = type("FSDPLlamaDecoderLayer", (FSDPModule, modeling_llama.LlamaDecoderLayer), {})
+    assert isinstance(layer_shape(wrapped), str)  # its own source cannot be read
+    assert planned_shape(wrapped) is layer_shape(modeling_llama.LlamaDecoderLayer)
+    with pytest.raises(TypeError, match="not the llama-shaped"):
+        planned_shape(ScaledResidual)
