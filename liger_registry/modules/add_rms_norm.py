@@ -8,13 +8,30 @@ norm is one of the family's rms_norm targets with the same casting; anything els
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+import torch
 from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from liger_registry.kernels.add_rms_norm import add_rms_norm
 from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
 from liger_registry.schemas import AddRmsNormSpec, FamilyEntry
+
+# Newer transformers checkpoint a GradientCheckpointingLayer inside the forward its class defines (a wrapper made
+# when the class is created), which a replaced forward bypasses, so the fused forward checkpoints itself as that
+# wrapper does; earlier releases checkpoint in __call__, around whatever forward the layer has.
+_CHECKPOINTS_IN_FORWARD = "__init_subclass__" in vars(GradientCheckpointingLayer)
+
+
+def _checkpoints_here(layer) -> bool:
+    return (
+        _CHECKPOINTS_IN_FORWARD
+        and getattr(layer, "gradient_checkpointing", False)
+        and layer.training
+        and torch.is_grad_enabled()
+    )
 
 
 def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
@@ -25,7 +42,7 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
         spec.eps_attr,
     )
 
-    def forward(self, hidden_states, *args, **kwargs):
+    def fused(self, hidden_states, *args, **kwargs):
         shape = planned_shape(type(self))
         attention_kwargs = shape.attention_kwargs(args, kwargs)
         residual = hidden_states
@@ -42,6 +59,15 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
         )
         hidden_states = getattr(self, shape.mlp)(hidden_states)
         return residual + hidden_states
+
+    def forward(self, hidden_states, *args, **kwargs):
+        if not _checkpoints_here(self):
+            return fused(self, hidden_states, *args, **kwargs)
+        if kwargs.get("use_cache"):
+            kwargs["use_cache"] = False
+        if not getattr(self, "_can_checkpoint_with_cache", False):
+            kwargs.update({name: None for name in ("cache", "layer_past") if kwargs.get(name) is not None})
+        return self._gradient_checkpointing_func(partial(fused, self, **kwargs), hidden_states, *args)
 
     return forward
 
