@@ -34,6 +34,19 @@ def _checkpoints_here(layer) -> bool:
     )
 
 
+def _runs_as_a_module(norm: nn.Module, weight: torch.Tensor) -> bool:
+    """Whether the norm must be called as a module: a wrapper or hook on it (accelerate's offload hooks load its
+    weight from meta when it runs) would be bypassed by reading its weight directly."""
+    own = vars(norm).get("forward")
+    ours = own is not None and hasattr(getattr(own, "__func__", own), "__liger_switch__")
+    return (
+        weight.is_meta
+        or (own is not None and not ours)
+        or bool(norm._forward_hooks or norm._forward_pre_hooks)
+        or hasattr(norm, "_hf_hook")
+    )
+
+
 def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
     offset, mode, weight_attr, eps_attr = (
         float(spec.offset),
@@ -49,14 +62,14 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
         hidden_states = getattr(self, shape.input_norm)(hidden_states)
         hidden_states, _ = getattr(self, shape.attention)(hidden_states=hidden_states, **attention_kwargs)
         norm = getattr(self, shape.post_norm)
-        residual, hidden_states = add_rms_norm(
-            hidden_states,
-            residual,
-            getattr(norm, weight_attr),
-            getattr(norm, eps_attr),
-            offset=offset,
-            casting_mode=mode,
-        )
+        weight = getattr(norm, weight_attr)
+        if _runs_as_a_module(norm, weight):
+            residual = residual + hidden_states
+            hidden_states = norm(residual)
+        else:
+            residual, hidden_states = add_rms_norm(
+                hidden_states, residual, weight, getattr(norm, eps_attr), offset=offset, casting_mode=mode
+            )
         hidden_states = getattr(self, shape.mlp)(hidden_states)
         return residual + hidden_states
 

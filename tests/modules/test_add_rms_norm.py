@@ -186,3 +186,29 @@ def test_the_kind_can_be_turned_off_by_override():
         assert not any(r.kernel == "add_rms_norm" for r in handle.report.patched)
         assert "add_rms_norm" in handle.report.skipped
         assert "forward" not in vars(model.model.layers[0])
+
+
+@pytest.mark.parametrize("class_wide", [False, True])
+def test_the_fused_kernel_runs_in_every_layer_under_apply(monkeypatch, class_wide):
+    """The fused add + norm really runs (once per layer) whether the norms are patched per instance or class-wide,
+    and falls back to the norm module only where a wrapper or hook sits on it (accelerate's offload)."""
+    import liger_registry as L
+    from liger_registry.modules import add_rms_norm as module
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    calls = []
+    real = module.add_rms_norm
+    monkeypatch.setattr(module, "add_rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = tiny_model("llama")
+    handle = L.apply("llama") if class_wide else L.apply(model)
+    try:
+        model(**tiny_batch(model))
+        assert len(calls) == model.config.num_hidden_layers
+        calls.clear()
+        norm = model.model.layers[0].post_attention_layernorm
+        hook = norm.register_forward_pre_hook(lambda *_: None)
+        model(**tiny_batch(model))
+        assert len(calls) == model.config.num_hidden_layers - 1
+        hook.remove()
+    finally:
+        handle.revert()
