@@ -85,6 +85,10 @@ def _module_kernel(
     if lacking := [c.__name__ for c in classes if not callable(getattr(c, kind.method, None))]:
         plan.problems.append(f"{kind.name}: {', '.join(lacking)} has no method {kind.method}")
         return
+    check = _imported(kind.check) if kind.check else None
+    if check is not None and (refused := [p for c in classes if (p := check(spec, entry, c))]):
+        plan.problems += [f"{kind.name}: {p}" for p in refused]
+        return
     forward = maker(kind, spec)(spec)
     if model is None:
         plan.replacements += [
@@ -103,6 +107,9 @@ def _module_kernel(
             plan.problems.append(
                 f"{kind.name}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}"
             )
+            continue
+        if check is not None and (problem := check(spec, entry, module)):
+            plan.problems.append(f"{kind.name}: {name}: {problem}")
             continue
         plan.replacements.append(
             Planned(

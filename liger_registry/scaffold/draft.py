@@ -453,6 +453,31 @@ def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict, notes: list[s
     return kernels
 
 
+NORM_OPTIONS = ("casting_mode", "offset", "eps_attr", "weight_attr")
+
+
+def add_rms_norm_section(model: nn.Module, source: ModelSource, rms: dict[str, Any] | None) -> dict | None:
+    """The fused residual add + post-attention norm on the module's decoder layers whose forward is llama-shaped
+    (:mod:`liger_registry.modules.layer_shape`) and whose post-attention norm is one of the drafted rms_norm
+    targets (same options); None when no layer is."""
+    from liger_registry.modules.layer_shape import LayerShape, layer_shape
+
+    if not rms or rms.get("enabled") is False:
+        return None
+    targets = set()
+    for layer in model.modules():
+        cls = type(layer)
+        if cls.__module__ != source.module.__name__ or not cls.__name__.endswith("DecoderLayer"):
+            continue
+        shape = layer_shape(cls)
+        norm = getattr(layer, shape.post_norm, None) if isinstance(shape, LayerShape) else None
+        if norm is not None and target_name(type(norm), source.module) in rms["targets"]:
+            targets.add(target_name(cls, source.module))
+    if not targets:
+        return None
+    return {"targets": sorted(targets), **{k: rms[k] for k in NORM_OPTIONS if k in rms}}
+
+
 def draft(model_type: str, family: str | None = None) -> Draft:
     """Inspect the installed transformers code of `model_type` and draft its entry; Refused with the reason."""
     from liger_registry.scaffold.head import HeadRefused, decide_head
@@ -496,6 +521,8 @@ def draft(model_type: str, family: str | None = None) -> Draft:
     except Exception as exc:  # the tiny model's own forward failing is a reason to refuse, not a crash
         raise Refused(f"the tiny model's forward raised {type(exc).__name__}: {first_line(exc)}") from exc
     kernels = _kernels(verdicts, rope, notes)
+    if (fused := add_rms_norm_section(model, source, kernels.get("rms_norm"))) is not None:
+        kernels["add_rms_norm"] = fused
     entry = FamilyEntry(
         family=_family_name(family or model_type),
         model_types=[model_type],

@@ -2,7 +2,14 @@
 
 from liger_registry.schemas.family import FamilyEntry, FlceSpec, HeadSpec, JsdSpec, SkipLogitsMode
 from liger_registry.schemas.kernel_kinds import KERNEL_NAMES, KINDS, KernelKind, KernelsPatch, KernelsSpec
-from liger_registry.schemas.kernels import CrossEntropySpec, GluSpec, LayerNormSpec, RmsNormSpec, RopeSpec
+from liger_registry.schemas.kernels import (
+    AddRmsNormSpec,
+    CrossEntropySpec,
+    GluSpec,
+    LayerNormSpec,
+    RmsNormSpec,
+    RopeSpec,
+)
 from liger_registry.schemas.overrides import LIGER_KEYS, OVERRIDE_PATHS, Overrides
 from liger_registry.schemas.policy import PolicyFile
 
@@ -11,6 +18,7 @@ __all__ = [
     "KINDS",
     "LIGER_KEYS",
     "OVERRIDE_PATHS",
+    "AddRmsNormSpec",
     "CrossEntropySpec",
     "FamilyEntry",
     "FlceSpec",

@@ -13,6 +13,7 @@ from pydantic import Field, StrictBool, create_model
 
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.kernels import (
+    AddRmsNormSpec,
     CrossEntropySpec,
     GluSpec,
     KernelSpec,
@@ -54,6 +55,7 @@ class KernelKind:
     activations: tuple[str, ...] = ()
     method: str = "forward"
     variants: tuple[tuple[str, str, str], ...] = ()
+    check: str | None = None
 
     def __post_init__(self) -> None:
         for attr in ("op", "liger_key"):
@@ -96,6 +98,15 @@ KINDS: dict[str, KernelKind] = {
             "Fused RMSNorm on the listed norm classes.",
             attributes=("weight_attr", "eps_attr"),
             patchable=("casting_mode",),
+        ),
+        KernelKind(
+            "add_rms_norm",
+            AddRmsNormSpec,
+            "module forward",
+            "liger_registry.modules.add_rms_norm:add_rms_norm_layer_forward",
+            "Residual add + post-attention RMSNorm fused in the listed llama-shaped decoder layers.",
+            liger_key=None,
+            check="liger_registry.modules.add_rms_norm:add_rms_norm_problem",
         ),
         KernelKind(
             "rope",

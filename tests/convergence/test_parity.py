@@ -89,11 +89,16 @@ def test_cpu_fp32_paligemma2_softcap() -> None:
 
 
 def test_parity_detects_a_wrong_entry() -> None:
-    """The suite can fail: Gemma's norm registered with llama's formula (no +1 offset) breaks parity."""
+    """The suite can fail: Gemma's norm registered with llama's formula (no +1 offset) breaks parity (its fused
+    add + norm, which must agree with rms_norm, registered the same wrong way)."""
     loaded = REGISTRY.families["gemma"]
     entry = loaded.entry
-    wrong_norm = entry.kernels.rms_norm.model_copy(update={"offset": 0.0, "casting_mode": "llama"})
-    wrong = entry.model_copy(update={"kernels": entry.kernels.model_copy(update={"rms_norm": wrong_norm})})
+    llama_formula = {"offset": 0.0, "casting_mode": "llama"}
+    wrong_norms = {
+        name: getattr(entry.kernels, name).model_copy(update=llama_formula)
+        for name in ("rms_norm", "add_rms_norm")
+    }
+    wrong = entry.model_copy(update={"kernels": entry.kernels.model_copy(update=wrong_norms)})
     registry = Registry(
         families={**REGISTRY.families, "gemma": LoadedFamily(wrong, loaded.path)},
         by_model_type=dict(REGISTRY.by_model_type),

@@ -26,7 +26,13 @@ def test_apply_replaces_each_attribute_once_and_reports_it(llama):
     handle = liger_registry.apply(llama)
     counts = handle.report.counts()
     layers = llama.config.num_hidden_layers
-    assert counts == {"rms_norm": 2 * layers + 1, "rope": layers, "swiglu": layers, "forward": 1}
+    assert counts == {
+        "rms_norm": 2 * layers + 1,
+        "add_rms_norm": layers,
+        "rope": layers,
+        "swiglu": layers,
+        "forward": 1,
+    }
     assert len(handle.report.patched) == sum(counts.values())
     assert "LlamaRMSNorm.forward" in str(handle.report)
     # rope is patched per instance: each attention's forward calls the kernel, the module keeps HF's function

@@ -41,12 +41,13 @@ def test_each_installed_kernel_asks_decide_backend_with_its_op(monkeypatch):
         report = str(handle.report)
     assert asked == [
         ("rms_norm", "cpu", torch.bfloat16),
+        ("add_rms_norm", "cpu", torch.bfloat16),
         ("rope", "cpu", torch.bfloat16),
         ("swiglu", "cpu", torch.bfloat16),
         ("fused_linear_cross_entropy", "cpu", torch.bfloat16),
     ]
     assert "backends on cpu / bfloat16: why not triton:\n  rope (rope): no reason really" in report
-    assert [c.backend for c in handle.report.backends] == ["triton", "torch", "triton", "triton"]
+    assert [c.backend for c in handle.report.backends] == ["triton", "triton", "torch", "triton", "triton"]
 
 
 def test_flce_off_has_no_flce_backend():
