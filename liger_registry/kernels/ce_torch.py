@@ -38,6 +38,16 @@ def denominators(target: torch.Tensor, ignore_index: int, class_weights: torch.T
     return valid, n_valid, wsum
 
 
+def loss_scales(reduction: str, target: torch.Tensor, ignore_index: int, class_weights: torch.Tensor | None):
+    """``(ce_scale, z_scale)`` of a loss: under ``mean`` 1 / the CE divisor (0 when nothing counts) and 1 / the
+    number of valid tokens (fp32 tensors, no sync); else ``(1.0, 1.0)``."""
+    if reduction != "mean":
+        return 1.0, 1.0
+    _, n_valid, denom = denominators(target, ignore_index, class_weights)
+    ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
+    return ce_scale, 1.0 / n_valid.clamp(min=1.0)
+
+
 def transform_logits(raw: torch.Tensor, softcap: float | None, logit_scale: float) -> torch.Tensor:
     """fp32 logits after scale and softcap."""
     z = raw.to(torch.float32)

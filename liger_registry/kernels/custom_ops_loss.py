@@ -19,14 +19,6 @@ from .scale_unless_one import scale_unless_one_
 
 
 # ---------------------------------------------------------------- cross entropy over logits rows
-def _ce_scales(reduction, target, ignore_index, class_weights):
-    _, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
-    if reduction != "mean":
-        return 1.0, 1.0
-    ce_s = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
-    return ce_s, 1.0 / n_valid.clamp(min=1.0)
-
-
 def _ce_forward(
     logits,
     target,
@@ -49,7 +41,7 @@ def _ce_forward(
         grad = buf.new_empty(0)
     else:
         grad = buf if in_place else torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
-    ce_s, z_s = _ce_scales(reduction, target, ignore_index, class_weights)
+    ce_s, z_s = ce_torch.loss_scales(reduction, target, ignore_index, class_weights)
     ce, zl, _ = ce_rows_for(backend)(
         buf,
         target,

@@ -29,12 +29,7 @@ def flce_compute(
     finish_label_check = None
     if row_grad is None:  # the forward; a recomputing backward (reduction none) reads labels already checked
         target, finish_label_check = start_label_check(target, opts.ignore_index, weight.shape[0])
-    _, n_valid, denom = ce_torch.denominators(target, opts.ignore_index, class_weights)
-    if opts.reduction == "mean":
-        ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
-        z_scale = 1.0 / n_valid.clamp(min=1.0)
-    else:
-        ce_scale = z_scale = 1.0
+    ce_scale, z_scale = ce_torch.loss_scales(opts.reduction, target, opts.ignore_index, class_weights)
     loop = STRATEGY_LOOPS[run.strategy]
     ce, z, argmax, dh, dw, db = loop(
         hidden, weight, target, bias, class_weights, row_grad, run, need, ce_scale, z_scale

@@ -78,22 +78,14 @@ class RmsNormSpec(ModuleKernelSpec):
     )
 
 
-class AddRmsNormSpec(ModuleKernelSpec):
+class AddRmsNormSpec(RmsNormSpec):
     """Residual add + RMSNorm fused in llama-shaped decoder layers: ``residual + attention output`` and the
-    post-attention norm of it in one kernel. The norm options must be the family's rms_norm options."""
+    post-attention norm of it in one kernel. The norm options (those of :class:`RmsNormSpec`, of the norm the
+    layer holds) must be the family's rms_norm options."""
 
     casting_mode: Literal["llama", "gemma"] = Field(
         default(RMS_NORM + "casting_mode"),
         description="The post-attention norm's casting, as the family's rms_norm kernel declares it.",
-    )
-    offset: StrictFloat | StrictInt = Field(
-        default(RMS_NORM + "offset"), description="Added to the norm's weight (Gemma stores weight - 1)."
-    )
-    eps_attr: str = Field(
-        default(RMS_NORM + "eps_attr"), description="Attribute of the norm holding epsilon."
-    )
-    weight_attr: str = Field(
-        default(RMS_NORM + "weight_attr"), description="Attribute of the norm holding the scale."
     )
 
 
