@@ -90,6 +90,13 @@ def parse(argv=None) -> argparse.Namespace:
         default=1e-4,
         help="AdamW learning rate (1e-3 made the bf16 loss curves chaotic on the H200: 12.6 -> 0.03 -> 6.5)",
     )
+    p.add_argument(
+        "--optimizer",
+        choices=("fused", "foreach"),
+        default="fused",
+        help="AdamW implementation: fused is what transformers' Trainer uses by default with torch >= 2.8 "
+        "(optim adamw_torch_fused); foreach was this script's choice up to run 9 (~2x the optimizer time)",
+    )
     p.add_argument("--timeout-s", type=float, default=120.0, help="per process")
     p.add_argument(
         "--budget-s", type=float, default=510.0, help="start no new process after this many seconds"
@@ -139,6 +146,7 @@ def jobs_of(args: argparse.Namespace) -> list[dict]:
                         steps=args.steps,
                         warmup=args.warmup,
                         lr=args.lr,
+                        optimizer=args.optimizer,
                         smoke=args.cpu_smoke,
                     )
                 )
@@ -207,7 +215,11 @@ def train(job: dict, model, device: str) -> dict:
     vocab, seq = model.config.vocab_size, job["tokens"] // job["batch"]
     gen = torch.Generator().manual_seed(1234)  # two fixed batches in turn: the loss goes down, same for all
     batches = [torch.randint(0, vocab, (job["batch"], seq), generator=gen).to(device) for _ in range(2)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], foreach=True)
+    kind = job.get("optimizer", "fused")
+    fused = (
+        kind == "fused" and cuda
+    )  # the fused AdamW needs CUDA (or a recent CPU build): the smoke uses foreach
+    optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], fused=fused, foreach=not fused)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     losses, times = [], []
@@ -539,7 +551,8 @@ def main(argv=None) -> int:
     stem = "bench_e2e_smoke" if args.cpu_smoke else "bench_e2e"
     env = next((r["env"] for r in runs if "env" in r), {})
     title = (
-        f"training step (fwd, bwd, AdamW), {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}, SDPA, batch "
+        f"training step (fwd, bwd, AdamW {args.optimizer}), {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}, "
+        f"SDPA, batch "
         f"{args.batch}; {env.get('device', 'cpu')}, torch {env.get('torch')}, transformers "
         f"{env.get('transformers')}"
     )

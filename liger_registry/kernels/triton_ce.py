@@ -7,7 +7,14 @@ import triton
 import triton.language as tl
 
 from . import triton_utils as tu
-from .triton_utils import tanh
+from .triton_utils import (
+    LANES_M0,
+    argmax_lanes_finish,
+    argmax_lanes_update,
+    lse_lanes_finish,
+    lse_lanes_update,
+    tanh,
+)
 
 
 @triton.jit
@@ -56,12 +63,12 @@ def _ce_rows_kernel(
                     cols = start + offs
                     tl.store(g_ptr + cols, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=cols < n_cols)
             return
-    # pass 1: online max / sum-exp (+ smoothing sums, argmax)
-    m = float("-inf")
-    d = 0.0
-    sz = 0.0
-    best = float("-inf")
-    best_i = 0
+    # pass 1: online max / sum-exp per lane (+ smoothing sums, argmax), reduced once per row
+    m_v = tl.full([BLOCK], LANES_M0, tl.float32)
+    d_v = tl.zeros([BLOCK], tl.float32)
+    sz_v = tl.zeros([BLOCK], tl.float32)
+    best_v = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_i_v = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n_cols, BLOCK):
         cols = start + offs
         mask = cols < n_cols
@@ -69,21 +76,18 @@ def _ce_rows_kernel(
         if HAS_SOFTCAP:
             z = softcap * tanh(z / softcap)
         z = tl.where(mask, z, float("-inf"))
-        bm = tl.max(z, 0)
         if ARGMAX > 0:
-            bi = tl.argmax(z, 0)
-            best_i = tl.where(bm > best, start + bi, best_i)
-            best = tl.maximum(best, bm)
-        m_new = tl.maximum(m, bm)
-        d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
-        m = m_new
+            best_v, best_i_v = argmax_lanes_update(best_v, best_i_v, z, cols)
+        m_v, d_v = lse_lanes_update(m_v, d_v, z)
         if HAS_SMOOTH:
             zs = tl.where(mask, z, 0.0)
             if HAS_WEIGHT:
-                w = tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
-                sz += tl.sum(w * zs, 0)
-            else:
-                sz += tl.sum(zs, 0)
+                zs = zs * tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
+            sz_v += zs
+    m, d = lse_lanes_finish(m_v, d_v)
+    sz = tl.sum(sz_v, 0)
+    if ARGMAX > 0:
+        best, best_i = argmax_lanes_finish(best_v, best_i_v, n_cols)
     if ARGMAX > 0:
         tl.store(AM_OUT + row, best_i.to(tl.int64))
     if not valid:
@@ -212,7 +216,7 @@ def ce_rows_triton(
     rg = row_grad.contiguous() if row_grad is not None else ce
     if scales is None:
         scales = make_scales(ce_grad_scale, z_grad_scale, class_weights, device)
-    block = tu.row_block(v)
+    block = tu.lanes_block(v)
     _ce_rows_kernel[(n,)](
         buf,
         buf.stride(0),

@@ -12,6 +12,9 @@ import triton.language as tl
 # Upper bound of the column block of the row kernels. Tests lower it so that tiny shapes cross block
 # boundaries; on the GPU it is the tuned value.
 MAX_BLOCK = 32768
+# Column block of the kernels that keep a per-lane online softmax state (``lse_lanes_update``): three live
+# vectors per thread, so 16 elements per thread (8 warps) keeps them in registers where 32768 would spill.
+LANES_MAX_BLOCK = 4096
 
 
 def interpreting() -> bool:
@@ -26,6 +29,11 @@ INTERPRET_AT_IMPORT = interpreting()
 def row_block(n_cols: int, max_block: int | None = None) -> int:
     cap = MAX_BLOCK if max_block is None else max_block
     return max(16, min(cap, triton.next_power_of_2(n_cols)))
+
+
+def lanes_block(n_cols: int) -> int:
+    """Column block of a row kernel with per-lane online softmax state (at most ``LANES_MAX_BLOCK``)."""
+    return row_block(n_cols, min(MAX_BLOCK, LANES_MAX_BLOCK))
 
 
 def warps_for(block: int) -> int:
@@ -55,6 +63,42 @@ def tanh(u):
     e = tl.exp(-2.0 * a)
     t = (1.0 - e) / (1.0 + e)
     return tl.where(u < 0, -t, t)
+
+
+# Online log-sum-exp kept per lane: no block-wide reduction inside the column loop (two per block cost more
+# than the memory traffic), one exp per element, reduced once per row. ``m`` starts at LANES_M0 (finite, so a
+# lane that has only seen masked -inf columns adds exp(-inf) = 0 instead of exp(nan)).
+LANES_M0 = -1.0e30
+
+
+@triton.jit
+def lse_lanes_update(m, d, z):
+    """Fold the block ``z`` (-inf where masked) into the per-lane running max ``m`` and sum ``d`` of exp(z - m)."""
+    diff = z - m
+    e = tl.exp(-tl.abs(diff))
+    d = tl.where(diff > 0, d * e + 1.0, d + e)
+    return tl.maximum(m, z), d
+
+
+@triton.jit
+def lse_lanes_finish(m, d):
+    """The row's max and sum of exp(z - max) from the per-lane state."""
+    mx = tl.max(m, 0)
+    return mx, tl.sum(d * tl.exp(m - mx), 0)
+
+
+@triton.jit
+def argmax_lanes_update(best, best_i, z, cols):
+    """Per-lane running max and its first column (strict >: the earliest column wins a tie)."""
+    better = z > best
+    return tl.where(better, z, best), tl.where(better, cols, best_i)
+
+
+@triton.jit
+def argmax_lanes_finish(best, best_i, n_cols):
+    """The row's max and its first column (the smallest column among the lanes that hold the max)."""
+    mx = tl.max(best, 0)
+    return mx, tl.min(tl.where(best == mx, best_i, n_cols), 0)
 
 
 @functools.cache

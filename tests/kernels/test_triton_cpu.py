@@ -424,3 +424,46 @@ def test_flce_triton_exact_target_logit_matches_torch(strategy, monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, "torch")
     ref = K.fused_linear_cross_entropy(hidden, weight, t, strategy=strategy, softcap=20.0)
     _close(out, ref, 1e-6)
+
+
+def _tied_rows(n_cols: int) -> torch.Tensor:
+    """Rows whose max sits in two columns (same lane in two blocks, two lanes of one block, across chunks), a
+    row spanning 1e4 between its logits, and a row of equal logits."""
+    x = torch.randn(6, n_cols, generator=_g(3))
+    x[0, [3, 3 + 16]] = 9.0  # one lane, two column blocks of 16
+    x[1, [20, 7]] = 9.0  # two lanes, the later lane holds the earlier column
+    x[2, [n_cols - 1, 2]] = 9.0
+    x[3] = torch.linspace(-1e4, 30.0, n_cols)
+    x[4] = 0.5
+    x[5, -1] = 40.0  # the max in the masked tail's block
+    return x
+
+
+@pytest.mark.parametrize("n_cols", [37, 48])
+def test_ce_rows_lanes_lse_and_first_argmax(n_cols):
+    """The per-lane online softmax gives torch's logsumexp and torch.argmax's first index on ties."""
+    x = _tied_rows(n_cols)
+    t = torch.zeros(x.shape[0], dtype=torch.long)
+    o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=1.0)
+    kw = dict(class_weights=None, ce_grad_scale=1.0, z_grad_scale=1.0, row_grad=None, compute_grad=False)
+    ce, z, am = ce_rows_triton(x.clone(), t, **o, **kw, argmax_mode=2)
+    lse = torch.logsumexp(x.double(), -1)
+    torch.testing.assert_close(ce.double(), lse - x[:, 0].double(), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(z.double(), lse * lse, rtol=1e-6, atol=1e-3)
+    assert torch.equal(am, x.argmax(-1))
+
+
+def test_vocab_stats_lanes_across_chunks_first_argmax():
+    """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
+    x = _tied_rows(50)
+    x[0, [5, 45]] = 11.0  # the tie spans two vocabulary chunks
+    t = torch.zeros(x.shape[0], dtype=torch.long)
+    o = FlceOptions()
+    state = vr.new_state(x.shape[0], x.device)
+    for s in range(0, 50, 20):
+        stats_update_triton(
+            x[:, s : s + 20].contiguous(), s, t, state, opts=o, class_weights=None, argmax=True
+        )
+    lse = torch.logsumexp(x.double(), -1)
+    torch.testing.assert_close(state.m.double() + state.d.double().log(), lse, rtol=1e-6, atol=1e-5)
+    assert torch.equal(state.best_i, x.argmax(-1))

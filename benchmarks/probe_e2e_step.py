@@ -1,0 +1,163 @@
+"""Where one training step of bench_e2e's model goes: forward, backward and the optimizer step timed apart
+(synchronised, median of steps), AdamW foreach vs fused on the same parameters, and the GPU kernels of one
+step grouped by kind (profiler). One method per process (liger-kernel patches classes for good).
+
+Usage: python benchmarks/probe_e2e_step.py --method ours [--model llama] [--layers 2] [--tokens 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_e2e  # noqa: E402
+from common import write_json  # noqa: E402
+
+KINDS = (
+    ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")),
+    ("attention", ("flash", "fmha", "attention")),
+    ("optimizer", ("foreach", "multi_tensor", "adam")),
+    ("embedding", ("embedding", "index", "scatter", "sort", "radix")),
+    ("triton", ("triton", "_kernel")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, keys in KINDS:
+        if any(k in low for k in keys):
+            return kind
+    return "other"
+
+
+def gpu_gaps(trace_path: str, top: int = 15) -> dict:
+    """Idle stretches of the GPU timeline of a chrome trace: total idle ms, busy ms, and the longest gaps with the
+    kernels on either side (what the GPU waited after, what it waited for)."""
+    import json
+
+    events = json.load(open(trace_path)).get("traceEvents", [])
+    spans = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")[:70])
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    if not spans:
+        return {"idle_ms": None}
+    gaps, busy, end, prev = [], 0.0, spans[0][0], spans[0][2]
+    for s, e, name in spans:
+        if s > end:
+            gaps.append(((s - end) / 1e3, prev, name))
+        busy += max(0.0, e - max(s, end))
+        if e > end:
+            end, prev = e, name
+    gaps.sort(reverse=True)
+    return {
+        "span_ms": (end - spans[0][0]) / 1e3,
+        "busy_ms": busy / 1e3,
+        "idle_ms": sum(g[0] for g in gaps),
+        "gaps_over_50us": sum(1 for g in gaps if g[0] > 0.05),
+        "longest": [(round(g[0], 3), g[1], g[2]) for g in gaps[:top]],
+    }
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--method", default="ours")
+    p.add_argument("--model", default="llama")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument(
+        "--optimizer", choices=("foreach", "fused"), default="fused", help="AdamW of the profiled step"
+    )
+    args = p.parse_args()
+    job = dict(
+        model=args.model,
+        layers=args.layers,
+        tokens=args.tokens,
+        method=args.method,
+        smoke=False,
+        dtype=torch.bfloat16,
+        batch=1,
+    )
+    model, _ = bench_e2e.build_model(job, "cuda")
+    info = bench_e2e.patch(job, model)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (1, args.tokens), device="cuda")
+    opts = {
+        "foreach": torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True),
+        "fused": torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True),
+    }
+    phases = defaultdict(list)
+    holder = {}
+
+    def fwd():
+        holder["loss"] = model(input_ids=ids, labels=ids).loss
+
+    for _ in range(args.steps):
+        phases["forward"].append(timed(fwd))
+        phases["backward"].append(timed(lambda: holder.pop("loss").backward()))
+        for name, opt in opts.items():
+            phases[f"adamw_{name}"].append(timed(opt.step))
+        model.zero_grad(set_to_none=True)
+    med = {k: statistics.median(v[2:]) for k, v in phases.items()}
+    from torch.profiler import ProfilerActivity, profile
+
+    opt = opts[args.optimizer]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fwd()
+        holder.pop("loss").backward()
+        opt.step()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    trace = str(Path(tempfile.mkdtemp()) / "trace.json")
+    prof.export_chrome_trace(trace)
+    gaps = gpu_gaps(trace)
+    kinds: dict[str, float] = defaultdict(float)
+    top = []
+    for e in prof.key_averages():
+        ms = (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) / 1e3
+        if ms <= 0:
+            continue
+        kinds[kind_of(e.key)] += ms
+        top.append((ms, e.count, e.key[:110]))
+    top.sort(reverse=True)
+    print(f"{args.method} {args.model} L{args.layers} {args.tokens} tokens  {info.get('flce_plan', '')}")
+    print("phase ms (median): " + " ".join(f"{k} {v:.2f}" for k, v in med.items()))
+    print("GPU kernel ms of one step by kind: " + " ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items())))
+    print(f"sum {sum(kinds.values()):.2f}")
+    print(
+        f"GPU timeline of one step (adamw {args.optimizer}): span {gaps.get('span_ms', 0):.2f} ms, busy "
+        f"{gaps.get('busy_ms', 0):.2f}, idle {gaps.get('idle_ms', 0):.2f} ({gaps.get('gaps_over_50us')} gaps > 50 us)"
+    )
+    for ms, before, after in gaps.get("longest", []):
+        print(f"  idle {ms:7.3f} ms after {before!r} before {after!r}")
+    for ms, count, key in top[:25]:
+        print(f"  {ms:8.2f} ms {count:5d}x  {key}")
+    write_json(
+        f"probe_e2e_step_{args.method}.json",
+        {"args": vars(args), "phases_ms": med, "kinds_ms": kinds, "top": top[:40], "gaps": gaps, **info},
+    )
+
+
+if __name__ == "__main__":
+    main()

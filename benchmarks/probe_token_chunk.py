@@ -1,0 +1,174 @@
+"""Where one token chunk of the FLCE token strategy spends its time (issue 10's throughput-vs-floor miss).
+
+Per chunk size: the logits GEMM, the row kernel (loss + in-place gradient), the dX GEMM, the dW GEMM written
+(first chunk) and accumulated (bf16 read-modify-write; fp32 accumulator), each timed alone (do_bench median),
+plus variants of the dX GEMM (transposed output, split over the vocabulary). The 3-GEMM floor at the full BT is
+timed in the same process. JSON under $OUT.
+
+Usage: python benchmarks/probe_token_chunk.py [--shape gpt_oss] [--bt 8192] [--chunks 1024,1280]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import median_ms, write_json  # noqa: E402
+
+from liger_registry.kernels import triton_utils  # noqa: E402
+from liger_registry.kernels.ce_rows import row_scales  # noqa: E402
+from liger_registry.kernels.triton_ce import ce_rows_triton  # noqa: E402
+
+SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
+LANES_DEFAULT = triton_utils.LANES_MAX_BLOCK
+LANE_CAPS = (2048, 4096, 8192)
+
+
+def floor_ms(x, w) -> dict:
+    n, v = x.shape[0], w.shape[0]
+    logits = torch.empty(n, v, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x)
+    dw = torch.empty_like(w)
+    return {
+        "logits": median_ms(lambda: torch.mm(x, w.t(), out=logits)),
+        "dx": median_ms(lambda: torch.mm(logits, w, out=dx)),
+        "dw": median_ms(lambda: torch.mm(logits.t(), x, out=dw)),
+    }
+
+
+def chunk_ms(x, w, t, c: int) -> dict:
+    v, h = w.shape
+    xc, tc = x[:c], t[:c]
+    buf = torch.randn(c, v, device=x.device).to(x.dtype)
+    dh = torch.empty(c, h, dtype=x.dtype, device=x.device)
+    dw = torch.zeros_like(w)
+    dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device)
+    dh32 = torch.zeros(c, h, dtype=torch.float32, device=x.device)
+    ce = torch.empty(c, dtype=torch.float32, device=x.device)
+    scale = torch.tensor(1.0 / x.shape[0], device=x.device)
+    extra = row_scales("triton", scale, scale, None, x.device)
+
+    def rows():
+        ce_rows_triton(
+            buf,
+            tc,
+            ignore_index=-100,
+            label_smoothing=0.0,
+            softcap=None,
+            logit_scale=1.0,
+            lse_square_scale=0.0,
+            class_weights=None,
+            ce_grad_scale=scale,
+            z_grad_scale=scale,
+            row_grad=None,
+            compute_grad=True,
+            argmax_mode=0,
+            out=(ce, None, None),
+            target_logit=None,
+            **extra,
+        )
+
+    half = v // 2
+
+    def dx_split():
+        torch.mm(buf[:, :half], w[:half], out_dtype=torch.float32, out=dh32)
+        torch.addmm(dh32, buf[:, half:], w[half:], out_dtype=torch.float32, out=dh32)
+
+    def dw_fp32():
+        torch.addmm(dw32, buf.t(), xc, out_dtype=torch.float32, out=dw32)
+
+    out = {
+        "logits": median_ms(lambda: torch.mm(xc, w.t(), out=buf)),
+        "rows": median_ms(rows),
+        "dx": median_ms(lambda: torch.mm(buf, w, out=dh)),
+        "dx_transposed": median_ms(lambda: torch.mm(w.t(), buf.t())),
+        "dw_write": median_ms(lambda: torch.mm(buf.t(), xc, out=dw)),
+        "dw_rmw_bf16": median_ms(lambda: dw.addmm_(buf.t(), xc)),
+    }
+    for name, fn in (("dx_split2_fp32", dx_split), ("dw_rmw_fp32", dw_fp32)):
+        try:
+            out[name] = median_ms(fn)
+        except (TypeError, RuntimeError) as e:
+            out[name] = repr(e)[:120]
+    for cap in LANE_CAPS:
+        triton_utils.LANES_MAX_BLOCK = cap
+        out[f"rows_lanes{cap}"] = median_ms(rows)
+    triton_utils.LANES_MAX_BLOCK = LANES_DEFAULT
+    return out
+
+
+def vocab_rows_ms(x, w, t, width: int) -> dict:
+    """The vocabulary strategy's statistics and gradient kernels on one [BT, width] chunk, per lane block cap."""
+    from liger_registry.kernels import triton_flce_vocab as tv
+    from liger_registry.kernels.flce_options import FlceOptions
+    from liger_registry.kernels.flce_vocab_rows import RowCoefs, new_state
+
+    n = x.shape[0]
+    buf = torch.randn(n, width, device=x.device).to(x.dtype)
+    opts = FlceOptions()
+    state = new_state(n, x.device)
+    f32 = dict(dtype=torch.float32, device=x.device)
+    coefs = RowCoefs(
+        torch.full((n,), 12.0, **f32), torch.ones(n, **f32), torch.ones(n, **f32), torch.zeros(n, **f32)
+    )
+    out = {}
+    for cap in LANE_CAPS:
+        triton_utils.LANES_MAX_BLOCK = cap
+        tv._flags.cache_clear()
+        out[f"stats_lanes{cap}"] = median_ms(
+            lambda: tv.stats_update_triton(buf, 0, t, state, opts=opts, class_weights=None, argmax=False)
+        )
+    triton_utils.LANES_MAX_BLOCK = LANES_DEFAULT
+    tv._flags.cache_clear()
+    out["grad"] = median_ms(lambda: tv.grad_inplace_triton(buf, 0, t, coefs, opts=opts, class_weights=None))
+    gb = n * width * x.element_size() / 1e9
+    print(
+        f"vocab chunk [{n}, {width}] ({gb:.2f} GB): "
+        + " ".join(f"{k} {m:.3f} ms ({gb / m:.2f} TB/s)" for k, m in out.items()),
+        flush=True,
+    )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="gpt_oss")
+    p.add_argument("--bt", type=int, default=8192)
+    p.add_argument("--chunks", default="1024,1280")
+    p.add_argument("--vocab-width", type=int, default=0, help="also time the vocab kernels on [BT, width]")
+    args = p.parse_args()
+    h, v = SHAPES[args.shape]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(v, h, device="cuda", generator=g) * 0.02).bfloat16()
+    x = torch.randn(args.bt, h, device="cuda", generator=g).bfloat16()
+    t = torch.randint(0, v, (args.bt,), device="cuda", generator=g)
+    res = {"shape": args.shape, "bt": args.bt, "floor": floor_ms(x, w), "chunks": {}}
+    fl = res["floor"]
+    print(
+        f"{args.shape} BT {args.bt} floor ms: " + " ".join(f"{k} {m:.3f}" for k, m in fl.items()), flush=True
+    )
+    for c in (int(s) for s in args.chunks.split(",")):
+        r = chunk_ms(x, w, t, c)
+        res["chunks"][c] = r
+        k = args.bt / c
+        base = r["logits"] + r["rows"] + r["dx"] + r["dw_rmw_bf16"]
+        print(
+            f"chunk {c} (x{k:.2f}): "
+            + " ".join(f"{n} {m:.3f}" if isinstance(m, float) else f"{n} {m}" for n, m in r.items())
+            + f" | per-chunk sum {base:.3f}, x{k:.2f} = {base * k:.2f} ms; floor share per chunk "
+            f"{sum(fl.values()) / k:.3f}",
+            flush=True,
+        )
+    if args.vocab_width:
+        res["vocab_rows"] = vocab_rows_ms(x, w, t, args.vocab_width)
+    write_json(f"probe_token_chunk_{args.shape}.json", res)
+
+
+if __name__ == "__main__":
+    main()
