@@ -68,7 +68,7 @@ def tanh(u):
 # Online log-sum-exp kept per lane: no block-wide reduction inside the column loop (two per block cost more
 # than the memory traffic), one exp per element, reduced once per row. ``m`` starts at LANES_M0 (finite, so a
 # lane that has only seen masked -inf columns adds exp(-inf) = 0 instead of exp(nan)).
-LANES_M0 = -1.0e30
+LANES_M0 = tl.constexpr(-1.0e30)
 
 
 @triton.jit
