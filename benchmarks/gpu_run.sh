@@ -9,6 +9,7 @@
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
 #   ops            benchmarks/bench_ops.py
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
+#   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
 # Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
@@ -56,6 +57,7 @@ for p in ${*:-tests flce e2e}; do
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \
                    "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048 --vocab-width 42752" ;;
+    probe-rows) part probe-rows "${T_PROBE:-120}" 12 python3 benchmarks/probe_row_stats.py ;;
     probe-step) part probe-step "${T_PROBE:-180}" 80 bash -c \
                   "python3 benchmarks/probe_e2e_step.py --method ours && python3 benchmarks/probe_e2e_step.py --method liger" ;;
     *) echo "gpu_run: unknown part $p" | tee -a "$LOG" ;;

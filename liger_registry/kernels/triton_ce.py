@@ -7,14 +7,8 @@ import triton
 import triton.language as tl
 
 from . import triton_utils as tu
-from .triton_utils import (
-    LANES_M0,
-    argmax_lanes_finish,
-    argmax_lanes_update,
-    lse_lanes_finish,
-    lse_lanes_update,
-    tanh,
-)
+from .triton_row_stats import row_stats
+from .triton_utils import tanh
 
 
 @triton.jit
@@ -45,6 +39,7 @@ def _ce_rows_kernel(
     ARGMAX: tl.constexpr,  # 0: none, 1: valid rows, 2: every row
     HAS_ZYX: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
+    LANES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -63,31 +58,10 @@ def _ce_rows_kernel(
                     cols = start + offs
                     tl.store(g_ptr + cols, tl.zeros([BLOCK], dtype=G.dtype.element_ty), mask=cols < n_cols)
             return
-    # pass 1: online max / sum-exp per lane (+ smoothing sums, argmax), reduced once per row
-    m_v = tl.full([BLOCK], LANES_M0, tl.float32)
-    d_v = tl.zeros([BLOCK], tl.float32)
-    sz_v = tl.zeros([BLOCK], tl.float32)
-    best_v = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_i_v = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + offs
-        mask = cols < n_cols
-        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
-        if HAS_SOFTCAP:
-            z = softcap * tanh(z / softcap)
-        z = tl.where(mask, z, float("-inf"))
-        if ARGMAX > 0:
-            best_v, best_i_v = argmax_lanes_update(best_v, best_i_v, z, cols)
-        m_v, d_v = lse_lanes_update(m_v, d_v, z)
-        if HAS_SMOOTH:
-            zs = tl.where(mask, z, 0.0)
-            if HAS_WEIGHT:
-                zs = zs * tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
-            sz_v += zs
-    m, d = lse_lanes_finish(m_v, d_v)
-    sz = tl.sum(sz_v, 0)
-    if ARGMAX > 0:
-        best, best_i = argmax_lanes_finish(best_v, best_i_v, n_cols)
+    # pass 1: max / sum-exp (+ smoothing sums, argmax)
+    m, d, sz, best, best_i = row_stats(
+        x_ptr, CW, n_cols, softcap, logit_scale, HAS_SOFTCAP, HAS_WEIGHT, HAS_SMOOTH, ARGMAX > 0, LANES, BLOCK
+    )
     if ARGMAX > 0:
         tl.store(AM_OUT + row, best_i.to(tl.int64))
     if not valid:
@@ -216,7 +190,7 @@ def ce_rows_triton(
     rg = row_grad.contiguous() if row_grad is not None else ce
     if scales is None:
         scales = make_scales(ce_grad_scale, z_grad_scale, class_weights, device)
-    block = tu.lanes_block(v)
+    lanes, block = tu.row_stats_config("ce_rows", v)
     _ce_rows_kernel[(n,)](
         buf,
         buf.stride(0),
@@ -244,6 +218,7 @@ def ce_rows_triton(
         ARGMAX=int(argmax_mode),
         HAS_ZYX=target_logit is not None,
         COMPUTE_GRAD=bool(compute_grad),
+        LANES=lanes,
         BLOCK=block,
         num_warps=tu.warps_for(block),
     )

@@ -13,14 +13,8 @@ import triton.language as tl
 
 from . import triton_utils as tu
 from .flce_vocab_rows import RowCoefs, RowState
-from .triton_utils import (
-    LANES_M0,
-    argmax_lanes_finish,
-    argmax_lanes_update,
-    lse_lanes_finish,
-    lse_lanes_update,
-    tanh,
-)
+from .triton_row_stats import row_stats
+from .triton_utils import tanh
 
 
 @triton.jit
@@ -51,43 +45,36 @@ def _stats_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_SMOOTH: tl.constexpr,
     ARGMAX: tl.constexpr,
+    LANES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_ptr = X + row * stride_x
-    offs = tl.arange(0, BLOCK)
-    m_v = tl.full([BLOCK], LANES_M0, tl.float32)
-    d_v = tl.zeros([BLOCK], tl.float32)
-    sz_v = tl.zeros([BLOCK], tl.float32)
-    best_v = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_i_v = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + offs
-        mask = cols < n_cols
-        z = _logits(x_ptr, cols, mask, softcap, logit_scale, HAS_SOFTCAP)
-        z = tl.where(mask, z, float("-inf"))
-        if ARGMAX:
-            best_v, best_i_v = argmax_lanes_update(best_v, best_i_v, z, cols)
-        m_v, d_v = lse_lanes_update(m_v, d_v, z)
-        if HAS_SMOOTH:
-            zs = tl.where(mask, z, 0.0)
-            if HAS_WEIGHT:
-                zs = zs * tl.load(CW + col0 + cols, mask=mask, other=0.0).to(tl.float32)
-            sz_v += zs
+    m_c, d_c, sz, best_c, best_ic = row_stats(
+        x_ptr,
+        CW + col0,
+        n_cols,
+        softcap,
+        logit_scale,
+        HAS_SOFTCAP,
+        HAS_WEIGHT,
+        HAS_SMOOTH,
+        ARGMAX,
+        LANES,
+        BLOCK,
+    )
     # this chunk's (max, sum) merged into the row's running state of the earlier chunks
-    m_c, d_c = lse_lanes_finish(m_v, d_v)
     m_in = tl.load(M + row)
     m = tl.maximum(m_in, m_c)
     d = tl.load(D + row) * tl.exp(m_in - m) + d_c * tl.exp(m_c - m)
     if ARGMAX:
-        best_c, best_ic = argmax_lanes_finish(best_v, best_i_v, n_cols)
         best = tl.load(BEST + row)
         best_i = tl.where(best_c > best, col0 + best_ic.to(tl.int64), tl.load(BEST_I + row))
         best = tl.maximum(best, best_c)
     tl.store(M + row, m)
     tl.store(D + row, d)
     if HAS_SMOOTH:
-        tl.store(SZ + row, tl.load(SZ + row) + tl.sum(sz_v, 0))
+        tl.store(SZ + row, tl.load(SZ + row) + sz)
     if ARGMAX:
         tl.store(BEST + row, best)
         tl.store(BEST_I + row, best_i)
@@ -147,24 +134,22 @@ def _grad_kernel(
 
 
 @functools.cache
-def _flags(width: int, has_softcap: bool, has_weight: bool, has_smooth: bool, lanes: bool) -> dict:
+def _flags(width: int, has_softcap: bool, has_weight: bool, has_smooth: bool, stats: bool) -> dict:
     """Launch constants of one chunk width and option set (made once: the loops launch these per chunk);
-    ``lanes``: the statistics kernel's block, which keeps a per-lane softmax state."""
-    block = tu.lanes_block(width) if lanes else tu.row_block(width)
-    return dict(
-        HAS_SOFTCAP=has_softcap,
-        HAS_WEIGHT=has_weight,
-        HAS_SMOOTH=has_smooth,
-        BLOCK=block,
-        num_warps=tu.warps_for(block),
-    )
+    ``stats``: those of the statistics kernel (``ROW_STATS["vocab_stats"]``), else the gradient kernel's."""
+    flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, HAS_SMOOTH=has_smooth)
+    if stats:
+        flags["LANES"], block = tu.row_stats_config("vocab_stats", width)
+    else:
+        block = tu.row_block(width)
+    return dict(flags, BLOCK=block, num_warps=tu.warps_for(block))
 
 
-def _common(buf: torch.Tensor, opts, class_weights, lanes: bool = False):
+def _common(buf: torch.Tensor, opts, class_weights, stats: bool = False):
     if buf.stride(1) != 1:
         raise ValueError("the logits chunk must have unit column stride")
     flags = _flags(
-        buf.shape[1], opts.softcap is not None, class_weights is not None, opts.label_smoothing > 0.0, lanes
+        buf.shape[1], opts.softcap is not None, class_weights is not None, opts.label_smoothing > 0.0, stats
     )
     cw = class_weights if class_weights is not None else buf
     scalars = (float(opts.softcap) if opts.softcap is not None else 1.0, float(opts.logit_scale))
@@ -178,7 +163,7 @@ def stats_update_triton(
     n, width = buf.shape
     if n == 0:
         return
-    cw, (softcap, scale), flags = _common(buf, opts, class_weights, lanes=True)
+    cw, (softcap, scale), flags = _common(buf, opts, class_weights, stats=True)
     _stats_kernel[(n,)](
         buf, buf.stride(0), target, *state, cw, width, col0, softcap, scale, ARGMAX=bool(argmax), **flags
     )

@@ -12,9 +12,10 @@ import triton.language as tl
 # Upper bound of the column block of the row kernels. Tests lower it so that tiny shapes cross block
 # boundaries; on the GPU it is the tuned value.
 MAX_BLOCK = 32768
-# Column block of the kernels that keep a per-lane online softmax state (``lse_lanes_update``): three live
-# vectors per thread, so 16 elements per thread (8 warps) keeps them in registers where 32768 would spill.
-LANES_MAX_BLOCK = 4096
+# How the row kernels run their statistics pass (``triton_row_stats.row_stats``): per-lane state ("lanes") or
+# block reductions ("blocks"), and the largest column block. Lanes keep three live vectors per thread: at most
+# 16 elements per thread (4096 with 8 warps) stays in registers, 32768 spills. Chosen on the H200 (NOTES.md).
+ROW_STATS = {"ce_rows": ("lanes", 4096), "vocab_stats": ("lanes", 4096)}
 
 
 def interpreting() -> bool:
@@ -31,9 +32,10 @@ def row_block(n_cols: int, max_block: int | None = None) -> int:
     return max(16, min(cap, triton.next_power_of_2(n_cols)))
 
 
-def lanes_block(n_cols: int) -> int:
-    """Column block of a row kernel with per-lane online softmax state (at most ``LANES_MAX_BLOCK``)."""
-    return row_block(n_cols, min(MAX_BLOCK, LANES_MAX_BLOCK))
+def row_stats_config(kernel: str, n_cols: int) -> tuple[bool, int]:
+    """``(lanes, block)`` of a row kernel's statistics pass (``ROW_STATS``), the block capped by MAX_BLOCK."""
+    mode, cap = ROW_STATS[kernel]
+    return mode == "lanes", row_block(n_cols, min(MAX_BLOCK, cap))
 
 
 def warps_for(block: int) -> int:

@@ -439,9 +439,15 @@ def _tied_rows(n_cols: int) -> torch.Tensor:
     return x
 
 
+STATS_MODES = ["lanes", "blocks"]
+
+
+@pytest.mark.parametrize("mode", STATS_MODES)
 @pytest.mark.parametrize("n_cols", [37, 48])
-def test_ce_rows_lanes_lse_and_first_argmax(n_cols):
-    """The per-lane online softmax gives torch's logsumexp and torch.argmax's first index on ties."""
+def test_ce_rows_stats_lse_and_first_argmax(n_cols, mode, monkeypatch):
+    """Both statistics passes (per-lane state, block reductions) give torch's logsumexp and torch.argmax's first
+    index on ties."""
+    monkeypatch.setitem(triton_utils.ROW_STATS, "ce_rows", (mode, 16))
     x = _tied_rows(n_cols)
     t = torch.zeros(x.shape[0], dtype=torch.long)
     o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=1.0)
@@ -453,8 +459,13 @@ def test_ce_rows_lanes_lse_and_first_argmax(n_cols):
     assert torch.equal(am, x.argmax(-1))
 
 
-def test_vocab_stats_lanes_across_chunks_first_argmax():
+@pytest.mark.parametrize("mode", STATS_MODES)
+def test_vocab_stats_across_chunks_first_argmax(mode, monkeypatch):
     """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
+    from liger_registry.kernels import triton_flce_vocab
+
+    monkeypatch.setitem(triton_utils.ROW_STATS, "vocab_stats", (mode, 16))
+    triton_flce_vocab._flags.cache_clear()
     x = _tied_rows(50)
     x[0, [5, 45]] = 11.0  # the tie spans two vocabulary chunks
     t = torch.zeros(x.shape[0], dtype=torch.long)

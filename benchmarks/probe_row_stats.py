@@ -1,0 +1,85 @@
+"""Which statistics pass (per-lane state or block reductions) and column block the row kernels should use:
+each configuration of ``triton_utils.ROW_STATS`` timed alone (do_bench median) on the shapes that matter.
+
+Cases: the CE op's rows kernel on 4096 x 128256 (loss + in-place gradient), the FLCE token chunk of GPT-OSS
+throughput (1280 x 201088), the vocabulary strategy's statistics kernel on Llama's pass-1 chunk at 8192 tokens
+(8192 x 42752) and GPT-OSS's at 2048 tokens (2048 x 117504). JSON under $OUT.
+
+Usage: python benchmarks/probe_row_stats.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import median_ms, write_json  # noqa: E402
+
+from liger_registry.kernels import triton_flce_vocab as tv  # noqa: E402
+from liger_registry.kernels import triton_utils  # noqa: E402
+from liger_registry.kernels.ce_rows import row_scales  # noqa: E402
+from liger_registry.kernels.flce_options import FlceOptions  # noqa: E402
+from liger_registry.kernels.flce_vocab_rows import new_state  # noqa: E402
+from liger_registry.kernels.triton_ce import ce_rows_triton  # noqa: E402
+
+CONFIGS = [
+    ("lanes", 2048),
+    ("lanes", 4096),
+    ("lanes", 8192),
+    ("blocks", 8192),
+    ("blocks", 16384),
+    ("blocks", 32768),
+]
+ROWS_CASES = [(4096, 128256), (1280, 201088)]
+STATS_CASES = [(8192, 42752), (2048, 117504)]
+
+
+def rows_fn(n: int, v: int):
+    buf = torch.randn(n, v, device="cuda").bfloat16()
+    t = torch.randint(0, v, (n,), device="cuda")
+    ce = torch.empty(n, dtype=torch.float32, device="cuda")
+    scale = torch.tensor(1.0 / n, device="cuda")
+    extra = row_scales("triton", scale, scale, None, buf.device)
+    kw = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=0.0)
+    kw.update(class_weights=None, ce_grad_scale=scale, z_grad_scale=scale, row_grad=None, compute_grad=True)
+    return lambda: ce_rows_triton(
+        buf, t, **kw, argmax_mode=0, out=(ce, None, None), target_logit=None, **extra
+    )
+
+
+def stats_fn(n: int, w: int):
+    buf = torch.randn(n, w, device="cuda").bfloat16()
+    t = torch.randint(0, w, (n,), device="cuda")
+    state, opts = new_state(n, buf.device), FlceOptions()
+    return lambda: tv.stats_update_triton(buf, 0, t, state, opts=opts, class_weights=None, argmax=False)
+
+
+def main() -> None:
+    cases = {f"ce_rows {n}x{v}": ("ce_rows", rows_fn(n, v), 3 * n * v * 2) for n, v in ROWS_CASES}
+    cases.update({f"vocab_stats {n}x{w}": ("vocab_stats", stats_fn(n, w), n * w * 2) for n, w in STATS_CASES})
+    default = dict(triton_utils.ROW_STATS)
+    res = {}
+    for name, (kernel, fn, nbytes) in cases.items():
+        res[name] = {}
+        for mode, cap in CONFIGS:
+            triton_utils.ROW_STATS[kernel] = (mode, cap)
+            tv._flags.cache_clear()
+            ms = median_ms(fn)
+            res[name][f"{mode}{cap}"] = {"ms": ms, "tbs": nbytes / ms / 1e9}
+        triton_utils.ROW_STATS.update(default)
+        tv._flags.cache_clear()
+    width = max(len(k) for k in res)
+    print(f"{'case (ms, TB/s)':<{width}} " + " ".join(f"{m}{c:>6}".rjust(15) for m, c in CONFIGS))
+    for name, row in res.items():
+        cells = " ".join(f"{r['ms']:7.3f} {r['tbs']:5.2f}".rjust(15) for r in row.values())
+        print(f"{name:<{width}} {cells}")
+    write_json("probe_row_stats.json", {"configs": CONFIGS, "results": res, "default": default})
+
+
+if __name__ == "__main__":
+    main()
