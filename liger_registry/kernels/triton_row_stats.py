@@ -6,8 +6,9 @@ Two ways to run the pass, chosen by the caller's constexpr ``LANES``:
 * lanes: a running (max, sum) per lane (``triton_utils.lse_lanes_update``), reduced once at the end: no
   reductions in the loop, but three live vectors per thread, so it needs a smaller block to stay in registers.
 
-Which is faster depends on the row count and width (H200 run 13: CE 4096 x 128256 favoured blocks, a GPT-OSS
-token chunk 1280 x 201088 lanes); ``triton_utils.ROW_STATS`` holds the choice and its block caps.
+Which is faster depends on the kernel and its shapes (H200 run 13: the vocab strategy's statistics kernel runs
+twice as fast with lanes, the CE rows kernel best with blocks of 8192); ``triton_utils.ROW_STATS`` holds the
+choice per kernel and its block caps.
 """
 
 from __future__ import annotations

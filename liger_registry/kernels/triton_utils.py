@@ -13,9 +13,11 @@ import triton.language as tl
 # boundaries; on the GPU it is the tuned value.
 MAX_BLOCK = 32768
 # How the row kernels run their statistics pass (``triton_row_stats.row_stats``): per-lane state ("lanes") or
-# block reductions ("blocks"), and the largest column block. Lanes keep three live vectors per thread: at most
-# 16 elements per thread (4096 with 8 warps) stays in registers, 32768 spills. Chosen on the H200 (NOTES.md).
-ROW_STATS = {"ce_rows": ("lanes", 4096), "vocab_stats": ("lanes", 4096)}
+# block reductions ("blocks"), and the largest column block. Lanes keep three live vectors per thread (32768
+# spills). H200 run 13 (benchmarks/probe_row_stats.py, ms): the vocab statistics kernel on 8192 x 42752 lanes
+# 2048 0.228 vs blocks 32768 (the old pass) 0.451; the CE rows kernel on a GPT-OSS token chunk 1280 x 201088
+# blocks 8192 0.436 vs lanes 2048 0.464 vs blocks 32768 0.483, and on 4096 x 128256 0.826 / 0.804 / 0.793.
+ROW_STATS = {"ce_rows": ("blocks", 8192), "vocab_stats": ("lanes", 2048)}
 
 
 def interpreting() -> bool:
