@@ -40,32 +40,45 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def gpu_gaps(trace_path: str, top: int = 15) -> dict:
-    """Idle stretches of the GPU timeline of a chrome trace: total idle ms, busy ms, and the longest gaps with the
-    kernels on either side (what the GPU waited after, what it waited for)."""
+def trace_summary(trace_path: str, top: int = 15) -> dict:
+    """The GPU timeline of a chrome trace: span, busy and idle ms, the longest idle gaps with the kernels on either
+    side, GPU ms per kernel kind and per kernel name (kernels only: no CPU op counted twice), and the host time
+    before the first kernel (``lead_ms``) and after the last one (``tail_ms``), which a GPU span leaves out."""
     import json
 
-    events = json.load(open(trace_path)).get("traceEvents", [])
+    events = [e for e in json.load(open(trace_path)).get("traceEvents", []) if e.get("ph") == "X"]
     spans = sorted(
-        (e["ts"], e["ts"] + e.get("dur", 0), e.get("name", "")[:70])
+        (e["ts"], e["ts"] + e.get("dur", 0), e.get("name", ""))
         for e in events
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
     )
     if not spans:
         return {"idle_ms": None}
+    host = [
+        (e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") in ("cpu_op", "user_annotation")
+    ]
     gaps, busy, end, prev = [], 0.0, spans[0][0], spans[0][2]
+    kinds: dict[str, float] = defaultdict(float)
+    names: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for s, e, name in spans:
         if s > end:
-            gaps.append(((s - end) / 1e3, prev, name))
+            gaps.append(((s - end) / 1e3, prev[:70], name[:70]))
         busy += max(0.0, e - max(s, end))
         if e > end:
             end, prev = e, name
+        kinds[kind_of(name)] += (e - s) / 1e3
+        names[name[:110]][0] += (e - s) / 1e3
+        names[name[:110]][1] += 1
     gaps.sort(reverse=True)
     return {
         "span_ms": (end - spans[0][0]) / 1e3,
         "busy_ms": busy / 1e3,
         "idle_ms": sum(g[0] for g in gaps),
         "gaps_over_50us": sum(1 for g in gaps if g[0] > 0.05),
+        "lead_ms": (spans[0][0] - min(h[0] for h in host)) / 1e3 if host else None,
+        "tail_ms": (max(h[1] for h in host) - end) / 1e3 if host else None,
+        "kinds_ms": dict(kinds),
+        "kernels": sorted(((ms, n, k) for k, (ms, n) in names.items()), reverse=True)[:40],
         "longest": [(round(g[0], 3), g[1], g[2]) for g in gaps[:top]],
     }
 
@@ -131,31 +144,23 @@ def main() -> None:
         torch.cuda.synchronize()
     trace = str(Path(tempfile.mkdtemp()) / "trace.json")
     prof.export_chrome_trace(trace)
-    gaps = gpu_gaps(trace)
-    kinds: dict[str, float] = defaultdict(float)
-    top = []
-    for e in prof.key_averages():
-        ms = (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) / 1e3
-        if ms <= 0:
-            continue
-        kinds[kind_of(e.key)] += ms
-        top.append((ms, e.count, e.key[:110]))
-    top.sort(reverse=True)
+    gaps = trace_summary(trace)
     print(f"{args.method} {args.model} L{args.layers} {args.tokens} tokens  {info.get('flce_plan', '')}")
     print("phase ms (median): " + " ".join(f"{k} {v:.2f}" for k, v in med.items()))
+    kinds = gaps.get("kinds_ms", {})
     print("GPU kernel ms of one step by kind: " + " ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items())))
-    print(f"sum {sum(kinds.values()):.2f}")
     print(
         f"GPU timeline of one step (adamw {args.optimizer}): span {gaps.get('span_ms', 0):.2f} ms, busy "
-        f"{gaps.get('busy_ms', 0):.2f}, idle {gaps.get('idle_ms', 0):.2f} ({gaps.get('gaps_over_50us')} gaps > 50 us)"
+        f"{gaps.get('busy_ms', 0):.2f}, idle {gaps.get('idle_ms', 0):.2f} ({gaps.get('gaps_over_50us')} gaps > 50 us); "
+        f"host before the first kernel {gaps.get('lead_ms') or 0:.2f} ms, after the last {gaps.get('tail_ms') or 0:.2f}"
     )
     for ms, before, after in gaps.get("longest", []):
         print(f"  idle {ms:7.3f} ms after {before!r} before {after!r}")
-    for ms, count, key in top[:25]:
+    for ms, count, key in gaps.get("kernels", [])[:25]:
         print(f"  {ms:8.2f} ms {count:5d}x  {key}")
     write_json(
         f"probe_e2e_step_{args.method}.json",
-        {"args": vars(args), "phases_ms": med, "kinds_ms": kinds, "top": top[:40], "gaps": gaps, **info},
+        {"args": vars(args), "phases_ms": med, "timeline": gaps, **info},
     )
 
 

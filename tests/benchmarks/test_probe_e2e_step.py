@@ -1,0 +1,44 @@
+"""The e2e step probe's reading of a profiler trace: GPU busy/idle, gaps, host lead and tail, kernel kinds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import probe_e2e_step as probe  # noqa: E402
+
+
+def _trace(tmp_path, events):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [dict(ph="X", **e) for e in events]}))
+    return str(path)
+
+
+def test_trace_summary_counts_gpu_time_once_and_finds_the_gaps(tmp_path):
+    events = [
+        dict(
+            cat="cpu_op", ts=-500, dur=2000, name="aten::mm"
+        ),  # host: 0.5 ms before, 1.3 ms after the kernels
+        dict(cat="kernel", ts=0, dur=100, name="nvjet_sm90_gemm"),
+        dict(cat="kernel", ts=50, dur=100, name="_stats_kernel"),  # overlaps the first: busy counts it once
+        dict(cat="gpu_memcpy", ts=150, dur=50, name="Memcpy DtoH"),
+        dict(cat="kernel", ts=500, dur=200, name="flash_bprop"),  # 300 us idle before it
+    ]
+    s = probe.trace_summary(_trace(tmp_path, events))
+    assert s["span_ms"] == pytest.approx(0.7)
+    assert s["busy_ms"] == pytest.approx(0.4)
+    assert s["idle_ms"] == pytest.approx(0.3)
+    assert s["longest"][0] == (0.3, "Memcpy DtoH", "flash_bprop")
+    assert s["lead_ms"] == pytest.approx(0.5) and s["tail_ms"] == pytest.approx(0.8)
+    assert s["kinds_ms"]["gemm"] == pytest.approx(0.1) and s["kinds_ms"]["attention"] == pytest.approx(0.2)
+    assert s["kernels"][0] == (pytest.approx(0.2), 1, "flash_bprop")
+
+
+def test_trace_summary_without_kernels(tmp_path):
+    assert (
+        probe.trace_summary(_trace(tmp_path, [dict(cat="cpu_op", ts=0, dur=5, name="x")]))["idle_ms"] is None
+    )
