@@ -56,7 +56,7 @@ for p in ${*:-tests flce e2e}; do
                  python3 benchmarks/bench_e2e.py --quick --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \
-                   "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048 --vocab-width 42752" ;;
+                   "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048" ;;
     probe-rows) part probe-rows "${T_PROBE:-120}" 12 python3 benchmarks/probe_row_stats.py ;;
     probe-step) part probe-step "${T_PROBE:-180}" 80 bash -c \
                   "python3 benchmarks/probe_e2e_step.py --method ours && python3 benchmarks/probe_e2e_step.py --method liger" ;;

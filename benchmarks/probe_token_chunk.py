@@ -3,7 +3,7 @@
 Per chunk size: the logits GEMM, the row kernel (loss + in-place gradient), the dX GEMM, the dW GEMM written
 (first chunk) and accumulated (bf16 read-modify-write; fp32 accumulator), each timed alone (do_bench median),
 plus variants of the dX GEMM (transposed output, split over the vocabulary). The 3-GEMM floor at the full BT is
-timed in the same process. JSON under $OUT.
+timed in the same process (the row kernels' statistics pass per choice: probe_row_stats.py). JSON under $OUT.
 
 Usage: python benchmarks/probe_token_chunk.py [--shape gpt_oss] [--bt 8192] [--chunks 1024,1280]
 """
@@ -21,13 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import median_ms, write_json  # noqa: E402
 
-from liger_registry.kernels import triton_utils  # noqa: E402
 from liger_registry.kernels.ce_rows import row_scales  # noqa: E402
 from liger_registry.kernels.triton_ce import ce_rows_triton  # noqa: E402
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
-LANES_DEFAULT = triton_utils.LANES_MAX_BLOCK
-LANE_CAPS = (2048, 4096, 8192)
 
 
 def floor_ms(x, w) -> dict:
@@ -96,43 +93,6 @@ def chunk_ms(x, w, t, c: int) -> dict:
             out[name] = median_ms(fn)
         except (TypeError, RuntimeError) as e:
             out[name] = repr(e)[:120]
-    for cap in LANE_CAPS:
-        triton_utils.LANES_MAX_BLOCK = cap
-        out[f"rows_lanes{cap}"] = median_ms(rows)
-    triton_utils.LANES_MAX_BLOCK = LANES_DEFAULT
-    return out
-
-
-def vocab_rows_ms(x, w, t, width: int) -> dict:
-    """The vocabulary strategy's statistics and gradient kernels on one [BT, width] chunk, per lane block cap."""
-    from liger_registry.kernels import triton_flce_vocab as tv
-    from liger_registry.kernels.flce_options import FlceOptions
-    from liger_registry.kernels.flce_vocab_rows import RowCoefs, new_state
-
-    n = x.shape[0]
-    buf = torch.randn(n, width, device=x.device).to(x.dtype)
-    opts = FlceOptions()
-    state = new_state(n, x.device)
-    f32 = dict(dtype=torch.float32, device=x.device)
-    coefs = RowCoefs(
-        torch.full((n,), 12.0, **f32), torch.ones(n, **f32), torch.ones(n, **f32), torch.zeros(n, **f32)
-    )
-    out = {}
-    for cap in LANE_CAPS:
-        triton_utils.LANES_MAX_BLOCK = cap
-        tv._flags.cache_clear()
-        out[f"stats_lanes{cap}"] = median_ms(
-            lambda: tv.stats_update_triton(buf, 0, t, state, opts=opts, class_weights=None, argmax=False)
-        )
-    triton_utils.LANES_MAX_BLOCK = LANES_DEFAULT
-    tv._flags.cache_clear()
-    out["grad"] = median_ms(lambda: tv.grad_inplace_triton(buf, 0, t, coefs, opts=opts, class_weights=None))
-    gb = n * width * x.element_size() / 1e9
-    print(
-        f"vocab chunk [{n}, {width}] ({gb:.2f} GB): "
-        + " ".join(f"{k} {m:.3f} ms ({gb / m:.2f} TB/s)" for k, m in out.items()),
-        flush=True,
-    )
     return out
 
 
@@ -141,7 +101,6 @@ def main() -> None:
     p.add_argument("--shape", default="gpt_oss")
     p.add_argument("--bt", type=int, default=8192)
     p.add_argument("--chunks", default="1024,1280")
-    p.add_argument("--vocab-width", type=int, default=0, help="also time the vocab kernels on [BT, width]")
     args = p.parse_args()
     h, v = SHAPES[args.shape]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -165,8 +124,6 @@ def main() -> None:
             f"{sum(fl.values()) / k:.3f}",
             flush=True,
         )
-    if args.vocab_width:
-        res["vocab_rows"] = vocab_rows_ms(x, w, t, args.vocab_width)
     write_json(f"probe_token_chunk_{args.shape}.json", res)
 
 

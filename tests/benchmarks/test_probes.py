@@ -1,4 +1,5 @@
-"""The e2e step probe's reading of a profiler trace: GPU busy/idle, gaps, host lead and tail, kernel kinds."""
+"""The benchmark scripts import on the CPU, and the e2e step probe reads a profiler trace right (GPU busy/idle, gaps,
+host lead and tail, kernel kinds)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,14 @@ def test_trace_summary_without_kernels(tmp_path):
     assert (
         probe.trace_summary(_trace(tmp_path, [dict(cat="cpu_op", ts=0, dur=5, name="x")]))["idle_ms"] is None
     )
+
+
+@pytest.mark.parametrize(
+    "script", sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "benchmarks").glob("*.py"))
+)
+def test_every_benchmark_script_imports(script):
+    """Each benchmark and probe imports on the CPU (names they take from the package still exist)."""
+    import importlib
+
+    module = importlib.import_module(script)
+    assert callable(getattr(module, "main", None)) or script in ("common", "force_flce_strategy")
