@@ -161,10 +161,12 @@ def vocab_ms(
     peaks: DevicePeaks,
     scratch: bool = False,
     multiple: int = 128,
+    keep: bool = True,
 ) -> float:
     """Predicted ms of the vocabulary strategy (forward + backward w.r.t. hidden and weight) in the chunks of
     :func:`flce_vocab_geometry.vocab_geometry` (a budget buffer of ``chunk`` columns; ``scratch``: the widest
-    chunks in the weight gradient's memory), pass 2 reusing pass 1's last chunk."""
+    chunks in the weight gradient's memory), pass 2 reusing pass 1's last chunk (``keep``: every chunk where
+    ``N <= H``)."""
     if bt <= 0 or chunk <= 0:
         return 0.0
     mach = _Machine.of(peaks, itemsize)
@@ -186,7 +188,7 @@ def vocab_ms(
             + VOCAB_PASS_OVERHEAD_S
         )
 
-    geometry = vocab_geometry(bt, h, v, chunk, scratch, multiple)
+    geometry = vocab_geometry(bt, h, v, chunk, scratch, multiple, keep)
     total = sum(first(c.width) for c in geometry.pass1) + sum(
         second(c.width, c.reuse) for c in geometry.pass2
     )

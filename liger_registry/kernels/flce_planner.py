@@ -52,7 +52,8 @@ class FlcePlan:
     ``predicted_ms`` the cost model's figure of the chosen strategy on ``device`` (see ``flce_cost``).
     Vocab with a weight gradient (``scratch``): ``pass1_chunks`` chunks in pass 1 and ``num_chunks`` in pass 2,
     the ``widest`` of them in the weight gradient's not yet written memory (:mod:`flce_vocab_geometry`), the
-    rest in the buffer of ``chunk_vocab`` columns."""
+    rest in the buffer of ``chunk_vocab`` columns; pass 2 computes the logits of ``recomputed`` columns again (0:
+    every chunk kept from pass 1)."""
 
     strategy: str
     chunk_tokens: int
@@ -66,6 +67,7 @@ class FlcePlan:
     scratch: bool = False
     pass1_chunks: int = 0
     widest: int = 0
+    recomputed: int = 0
 
     @property
     def chunk(self) -> int:
@@ -76,7 +78,8 @@ class FlcePlan:
         if self.scratch:
             return (
                 f"vocab: {self.pass1_chunks} + {self.num_chunks} chunks (pass 1 + pass 2), up to {self.widest} "
-                f"columns in dW's memory, buffer {self.buffer_mib:.1f} of {self.budget_mib:.1f} MiB, "
+                f"columns in dW's memory, {self.recomputed} recomputed, buffer {self.buffer_mib:.1f} of "
+                f"{self.budget_mib:.1f} MiB, "
                 f"~{self.predicted_ms:.1f} ms on {self.device} ({self.why})"
             )
         return (
@@ -222,6 +225,7 @@ def _make(strategy, bt, v, chunk, budget, itemsize, why, ms, peaks, vocab) -> Fl
         g.scratch,
         len(g.pass1),
         widest,
+        g.recomputed,
     )
 
 

@@ -7,7 +7,8 @@ row-statistics kernel folds them into each row's running max / sum-exp, target l
 gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last chunk's, still
 there), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
 ``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
-``db[c] = g.sum(0)``. No host sync inside the loops.
+``db[c] = g.sum(0)``. With ``N <= H`` every chunk's logits are kept from pass 1 (no logits GEMM in pass 2).
+No host sync inside the loops.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ class _Chunk(NamedTuple):
     start: int
     w: torch.Tensor  # [width, H] rows of the weight
     b: torch.Tensor | None  # [width] of the bias
-    buf: torch.Tensor  # [N, width] logits: the front of dW's storage (scratch) or of the budget buffer
+    buf: (
+        torch.Tensor
+    )  # [N, width] logits: in dW's storage (scratch, at the chunk's offset) or the budget buffer
     reuse: bool  # pass 2: pass 1 left this chunk's logits in buf
 
 
@@ -75,7 +78,8 @@ def _views(spans, n: int, w_dt, b_dt, scratch_flat, buffer_flat) -> list[_Chunk]
         e = c.start + c.width
         flat = scratch_flat if c.scratch else buffer_flat
         b = None if b_dt is None else b_dt[c.start : e]
-        out.append(_Chunk(c.start, w_dt[c.start : e], b, flat[: n * c.width].view(n, c.width), c.reuse))
+        logits = flat[c.offset : c.offset + n * c.width] if c.scratch else flat[: n * c.width]
+        out.append(_Chunk(c.start, w_dt[c.start : e], b, logits.view(n, c.width), c.reuse))
     return out
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from liger_registry import kernels as K
+from liger_registry.kernels import flce_cost
 from liger_registry.kernels.flce_vocab_geometry import fits, vocab_geometry
 
 LLAMA = (4096, 128256)
@@ -56,8 +57,11 @@ def test_planner_picks_vocab_at_2k_and_tokens_at_16k_tokens():
     assert small.strategy == "vocab" and "predicted vocab" in small.why
     assert large.strategy == "tokens" and "predicted tokens" in large.why
     assert small.chunk_tokens == 2048 and small.chunk_vocab % 8 == 0
-    # with the weight gradient's memory as scratch: 2 chunks in pass 1, 5 in pass 2 (the widest 85504 columns)
-    assert (small.scratch, small.pass1_chunks, small.num_chunks, small.widest) == (True, 2, 5, 85504)
+    # N <= H: every chunk kept in dW's memory for pass 2, 6 chunks (the widest 63488 columns), none recomputed
+    assert (small.scratch, small.pass1_chunks, small.num_chunks, small.widest) == (True, 6, 6, 63488)
+    assert small.recomputed == 0 and "0 recomputed" in str(small)
+    at_4k = K.flce_plan(4096, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200")  # N = H: one chunk kept
+    assert (at_4k.pass1_chunks, at_4k.num_chunks, at_4k.recomputed) == (2, 7, 64128)
     frozen = K.flce_plan(2048, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200", weight_grad=False)
     assert not frozen.scratch and frozen.num_chunks == -(-LLAMA[1] // frozen.chunk_vocab)
     assert "dW's memory" in str(small) and "dW" not in str(frozen)
@@ -81,7 +85,12 @@ def test_plan_never_exceeds_the_budget(bt, budget, strategy, shape, weight_grad)
         geometry = vocab_geometry(bt, shape[0], shape[1], plan.chunk_vocab, True)
         assert weight_grad and fits(geometry, bt, *shape) and plan.num_chunks == len(geometry.pass2)
         assert plan.buffer_mib == pytest.approx(bt * geometry.buffer_cols * 2 / 2**20)
-        assert geometry.buffer_cols <= plan.chunk_vocab < plan.widest
+        assert geometry.buffer_cols <= plan.chunk_vocab <= plan.widest
+        assert plan.recomputed == geometry.recomputed
+        if plan.recomputed:  # one chunk kept: it is wider than the buffer
+            assert plan.chunk_vocab < plan.widest
+        else:  # every chunk kept: N <= H
+            assert bt <= shape[0] and all(c.reuse for c in geometry.pass2)
         return
     assert plan.chunk_tokens * plan.chunk_vocab * 2 / 2**20 == pytest.approx(plan.buffer_mib)
     if plan.strategy == "tokens":
@@ -187,6 +196,10 @@ def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
     """Within 5% of run 9 (the model runs 1-4% fast on GPT-OSS), and the planner picks it at the C=1 budget where
     it measured faster than tokens (Llama 16384: tokens 97.7 vs vocab 114.6 ms; picked tokens)."""
     plan = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="vocab", gpu="NVIDIA H200")
-    assert plan.scratch and plan.predicted_ms == pytest.approx(RUN9_SCRATCH[bt, shape], rel=0.05)
+    one_kept = flce_cost.vocab_ms(
+        bt, shape[0], shape[1], plan.chunk_vocab, 2, flce_cost.peaks_for("H200"), True, 128, keep=False
+    )
+    assert plan.scratch and one_kept == pytest.approx(RUN9_SCRATCH[bt, shape], rel=0.05)
+    assert plan.predicted_ms <= one_kept  # the kept geometry where N <= H (not yet measured)
     assert K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200").strategy == "vocab"
     assert K.flce_plan(16384, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200").strategy == "tokens"

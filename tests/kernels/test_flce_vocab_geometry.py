@@ -1,5 +1,6 @@
 """The vocab strategy's chunk geometry: the scratch in dW's memory never overlaps what a pass still needs, the
-passes cover every column once, and FLCE through the scratch matches the reference on both backends."""
+passes cover every column once, N <= H keeps every chunk's logits for pass 2, and FLCE through either layout
+matches the reference on both backends."""
 
 import pytest
 import torch
@@ -7,7 +8,14 @@ from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
 from liger_registry.kernels import flce_planner, flce_vocab, triton_utils
-from liger_registry.kernels.flce_vocab_geometry import VocabChunk, fits, plain_geometry, vocab_geometry
+from liger_registry.kernels.flce_vocab_geometry import (
+    KEPT_MAX_CHUNKS,
+    VocabChunk,
+    fits,
+    kept_geometry,
+    plain_geometry,
+    vocab_geometry,
+)
 
 LLAMA, GPT_OSS = (4096, 128256), (2880, 201088)
 
@@ -17,18 +25,51 @@ LLAMA, GPT_OSS = (4096, 128256), (2880, 201088)
 @pytest.mark.parametrize("width", [8, 128, 3072, 3968, 1 << 20])
 def test_scratch_never_overlaps_and_covers_every_column(n, shape, width):
     multiple = 8 if shape[1] < 1000 else 128
+    one_kept = vocab_geometry(n, *shape, width, True, multiple, keep=False)
+    assert fits(one_kept, n, *shape)
+    assert one_kept.pass2[0].reuse and one_kept.pass2[0][:2] == one_kept.pass1[-1][:2]
+    assert not any(c.reuse for c in one_kept.pass2[1:])
     geometry = vocab_geometry(n, *shape, width, True, multiple)
     assert fits(geometry, n, *shape)
-    assert geometry.pass2[0].reuse and geometry.pass2[0][:2] == geometry.pass1[-1][:2]
-    assert not any(c.reuse for c in geometry.pass2[1:])
-    assert geometry.buffer_cols <= max(min(width, shape[1]), 1)
+    if geometry != one_kept:  # the kept geometry: N <= H, pass 2 computes no logits
+        assert n <= shape[0] and geometry.recomputed == 0 and len(geometry.pass1) <= KEPT_MAX_CHUNKS
+    for g in (one_kept, geometry):
+        assert g.buffer_cols <= max(min(width, shape[1]), 1)
     assert fits(vocab_geometry(n, *shape, width, False, multiple), n, *shape)
 
 
-def test_llama_2048_layout():
-    """Llama-3 at 2048 tokens and the C=1 budget (3968 columns): pass 1 in 2 chunks, pass 2 in 5 — 85504
-    columns reused, 28416 and 9472 in the scratch, the last 4864 in two buffer chunks (was 32 + 32 chunks)."""
+def test_fits_rejects_kept_logits_that_a_dw_write_or_a_later_chunk_would_overwrite():
+    g = kept_geometry(2048, *LLAMA, 3968)
+    assert fits(g, 2048, *LLAMA)
+    shifted = [c._replace(offset=0) if c.scratch else c for c in g.pass1]  # every chunk at the same place
+    pass2 = tuple(c._replace(reuse=True) for c in reversed(shifted))
+    assert not fits(g._replace(pass1=tuple(shifted), pass2=pass2), 2048, *LLAMA)
+    late = g.pass1[-1]._replace(offset=g.pass1[-1].start * LLAMA[0])  # in its own dW rows
+    pass1 = (*g.pass1[:-1], late)
+    assert not fits(g._replace(pass1=pass1, pass2=(late._replace(reuse=True), *g.pass2[1:])), 2048, *LLAMA)
+
+
+def test_llama_2048_kept_layout():
+    """Llama-3 at 2048 tokens and the C=1 budget (3968 columns): 6 chunks, each about H / N = 2x the columns
+    before it wider, every one kept for pass 2 (no logits GEMM there; the one-chunk-kept layout recomputes 42752
+    columns)."""
     g = vocab_geometry(2048, *LLAMA, 3968, True)
+    assert [c.width for c in g.pass1] == [3968, 7936, 15872, 31744, 63488, 5248]
+    assert [c.offset for c in g.pass1[1:]] == [0, 2048 * 7936, 2048 * 23808, 2048 * 55552, 2048 * 119040]
+    assert g.pass1[0].scratch is False and all(c.scratch for c in g.pass1[1:])
+    assert all(c.reuse for c in g.pass2) and g.recomputed == 0 and g.buffer_cols == 3968
+    assert vocab_geometry(2048, *LLAMA, 3968, True, keep=False).recomputed == 42752
+    assert kept_geometry(4096, *LLAMA, 3968) is None  # N = H: widths stop growing, ~32 chunks
+
+
+def test_frozen_head_is_never_kept_in_dw():
+    assert vocab_geometry(2048, *LLAMA, 3968, False) == plain_geometry(LLAMA[1], 3968)
+
+
+def test_llama_2048_layout():
+    """Llama-3 at 2048 tokens and the C=1 budget (3968 columns), one chunk kept: pass 1 in 2 chunks, pass 2 in 5
+    — 85504 columns reused, 28416 and 9472 in the scratch, the last 4864 in two buffer chunks (was 32 + 32)."""
+    g = vocab_geometry(2048, *LLAMA, 3968, True, keep=False)
     assert g.pass1 == (VocabChunk(0, 42752, True), VocabChunk(42752, 85504, True))
     assert [(c.width, c.scratch, c.reuse) for c in g.pass2] == [
         (85504, True, True),
@@ -49,7 +90,16 @@ def test_plain_geometry_without_a_weight_gradient_or_when_rows_outnumber_the_gai
     )
 
 
-N, H, V = 24, 32, 200  # C=1 budget: 32 columns; the scratch takes 112 (reused), 48, then 2 x 24 in the buffer
+H, V = 32, 200
+# rows of the two layouts at the C=1 budget: 24 (<= H): every chunk kept; 48: one chunk kept (80 columns, reused),
+# one more in the scratch (48), the rest in three buffer chunks of 24
+ROWS = {"kept": 24, "one_kept": 48}
+N = ROWS["kept"]
+
+
+@pytest.fixture(params=sorted(ROWS))
+def rows(request):
+    return ROWS[request.param]
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -62,21 +112,25 @@ def backend(request, monkeypatch):
     return request.param
 
 
-def _inputs(bias: bool, seed: int = 0):
+def _inputs(bias: bool, seed: int = 0, n: int = N):
     g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(N, H, generator=g).requires_grad_()
+    hidden = torch.randn(n, H, generator=g).requires_grad_()
     weight = (torch.randn(V, H, generator=g) * 0.5).requires_grad_()
-    target = torch.randint(0, V, (N,), generator=g)
+    target = torch.randint(0, V, (n,), generator=g)
     target[::5] = -100
     b = (torch.randn(V, generator=g) * 0.1).requires_grad_() if bias else None
     return hidden, weight, target, b
 
 
-def test_the_case_exercises_every_kind_of_chunk(backend):
-    plan = K.flce_plan(N, H, V, strategy="vocab", dtype=torch.float32)
-    g = vocab_geometry(N, H, V, plan.chunk_vocab, True, 8)
+def test_the_cases_exercise_every_kind_of_chunk(backend, rows):
+    plan = K.flce_plan(rows, H, V, strategy="vocab", dtype=torch.float32)
+    g = vocab_geometry(rows, H, V, plan.chunk_vocab, True, 8)
     kinds = {(c.scratch, c.reuse) for c in g.pass2}
-    assert plan.scratch and kinds == {(True, True), (True, False), (False, False)}, g
+    if rows <= H:
+        assert kinds == {(True, True), (False, True)} and g.recomputed == plan.recomputed == 0, g
+    else:
+        assert kinds == {(True, True), (True, False), (False, False)} and plan.recomputed > 0, g
+    assert plan.scratch
 
 
 @pytest.mark.parametrize(
@@ -85,8 +139,8 @@ def test_the_case_exercises_every_kind_of_chunk(backend):
     ids=str,
 )
 @pytest.mark.parametrize("bias", [False, True])
-def test_scratch_matches_the_reference(backend, opts, bias):
-    hidden, weight, target, b = _inputs(bias)
+def test_scratch_matches_the_reference(backend, rows, opts, bias):
+    hidden, weight, target, b = _inputs(bias, n=rows)
     tensors = [t for t in (hidden, weight, b) if t is not None]
     out = K.fused_linear_cross_entropy(hidden, weight, target, b, strategy="vocab", **opts)
     ref, _ = flce_reference(hidden, weight, target, b, **opts)
@@ -115,10 +169,10 @@ def test_frozen_head_takes_the_plain_geometry_and_is_right(backend, monkeypatch)
     assert seen == [False]
 
 
-def test_logits_gemms_and_buffer(backend, monkeypatch):
-    """One logits GEMM per pass-1 chunk and per pass-2 chunk but the reused one; the budget buffer allocated is
-    only as wide as the widest chunk that does not fit in the scratch."""
-    hidden, weight, target, _ = _inputs(False)
+def test_logits_gemms_and_buffer(backend, rows, monkeypatch):
+    """One logits GEMM per pass-1 chunk and per pass-2 chunk that is not reused (none when every chunk is kept);
+    the budget buffer allocated is only as wide as the widest chunk that does not fit in the scratch."""
+    hidden, weight, target, _ = _inputs(False, n=rows)
     calls, sizes = [], []
     real_logits, real_empty = flce_vocab._logits, torch.empty
     monkeypatch.setattr(flce_vocab, "_logits", lambda *a: calls.append(a[1].w.shape[0]) or real_logits(*a))
@@ -127,8 +181,10 @@ def test_logits_gemms_and_buffer(backend, monkeypatch):
     )
     out = K.fused_linear_cross_entropy(hidden, weight, target, strategy="vocab")
     monkeypatch.setattr(torch, "empty", real_empty)
-    plan = K.flce_plan(N, H, V, strategy="vocab", dtype=torch.float32)
-    g = vocab_geometry(N, H, V, plan.chunk_vocab, True, 8)
+    plan = K.flce_plan(rows, H, V, strategy="vocab", dtype=torch.float32)
+    g = vocab_geometry(rows, H, V, plan.chunk_vocab, True, 8)
     assert calls == [c.width for c in g.pass1] + [c.width for c in g.pass2 if not c.reuse]
-    assert N * g.buffer_cols in sizes and N * plan.chunk_vocab not in sizes
+    assert rows * g.buffer_cols in sizes
+    if g.buffer_cols != plan.chunk_vocab:
+        assert rows * plan.chunk_vocab not in sizes
     torch.autograd.grad(out, [hidden, weight])
