@@ -1,5 +1,5 @@
 """Which statistics pass (per-lane state or block reductions) and column block the row kernels should use:
-each configuration of ``triton_utils.ROW_STATS`` timed alone (do_bench median) on the shapes that matter.
+each configuration of ``triton_row_stats.ROW_STATS`` timed alone (do_bench median) on the shapes that matter.
 
 Cases: the CE op's rows kernel on 4096 x 128256 (loss + in-place gradient), the FLCE token chunk of GPT-OSS
 throughput (1280 x 201088), the vocabulary strategy's statistics kernel on Llama's pass-1 chunk at 8192 tokens
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import median_ms, write_json  # noqa: E402
 
 from liger_registry.kernels import triton_flce_vocab as tv  # noqa: E402
-from liger_registry.kernels import triton_utils  # noqa: E402
+from liger_registry.kernels import triton_row_stats  # noqa: E402
 from liger_registry.kernels.ce_rows import row_scales  # noqa: E402
 from liger_registry.kernels.flce_options import FlceOptions  # noqa: E402
 from liger_registry.kernels.flce_vocab_rows import new_state  # noqa: E402
@@ -62,16 +62,16 @@ def stats_fn(n: int, w: int):
 def main() -> None:
     cases = {f"ce_rows {n}x{v}": ("ce_rows", rows_fn(n, v), 3 * n * v * 2) for n, v in ROWS_CASES}
     cases.update({f"vocab_stats {n}x{w}": ("vocab_stats", stats_fn(n, w), n * w * 2) for n, w in STATS_CASES})
-    default = dict(triton_utils.ROW_STATS)
+    default = dict(triton_row_stats.ROW_STATS)
     res = {}
     for name, (kernel, fn, nbytes) in cases.items():
         res[name] = {}
         for mode, cap in CONFIGS:
-            triton_utils.ROW_STATS[kernel] = (mode, cap)
+            triton_row_stats.ROW_STATS[kernel] = (mode, cap)
             tv._flags.cache_clear()
             ms = median_ms(fn)
             res[name][f"{mode}{cap}"] = {"ms": ms, "tbs": nbytes / ms / 1e9}
-        triton_utils.ROW_STATS.update(default)
+        triton_row_stats.ROW_STATS.update(default)
         tv._flags.cache_clear()
     width = max(len(k) for k in res)
     print(f"{'case (ms, TB/s)':<{width}} " + " ".join(f"{m}{c:>6}".rjust(15) for m, c in CONFIGS))

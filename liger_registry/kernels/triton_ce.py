@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from . import triton_utils as tu
-from .triton_row_stats import row_stats
+from .triton_row_stats import row_stats, row_stats_config
 from .triton_utils import tanh
 
 
@@ -190,7 +190,7 @@ def ce_rows_triton(
     rg = row_grad.contiguous() if row_grad is not None else ce
     if scales is None:
         scales = make_scales(ce_grad_scale, z_grad_scale, class_weights, device)
-    lanes, block = tu.row_stats_config("ce_rows", v)
+    lanes, block = row_stats_config("ce_rows", v)
     _ce_rows_kernel[(n,)](
         buf,
         buf.stride(0),

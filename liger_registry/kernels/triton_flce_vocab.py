@@ -13,7 +13,7 @@ import triton.language as tl
 
 from . import triton_utils as tu
 from .flce_vocab_rows import RowCoefs, RowState
-from .triton_row_stats import row_stats
+from .triton_row_stats import row_stats, row_stats_config
 from .triton_utils import tanh
 
 
@@ -139,7 +139,7 @@ def _flags(width: int, has_softcap: bool, has_weight: bool, has_smooth: bool, st
     ``stats``: those of the statistics kernel (``ROW_STATS["vocab_stats"]``), else the gradient kernel's."""
     flags = dict(HAS_SOFTCAP=has_softcap, HAS_WEIGHT=has_weight, HAS_SMOOTH=has_smooth)
     if stats:
-        flags["LANES"], block = tu.row_stats_config("vocab_stats", width)
+        flags["LANES"], block = row_stats_config("vocab_stats", width)
     else:
         block = tu.row_block(width)
     return dict(flags, BLOCK=block, num_warps=tu.warps_for(block))

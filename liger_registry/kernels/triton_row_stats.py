@@ -3,12 +3,12 @@
 Two ways to run the pass, chosen by the caller's constexpr ``LANES``:
 
 * blocks: one running (max, sum) per row, merged with each column block by two block-wide reductions.
-* lanes: a running (max, sum) per lane (``triton_utils.lse_lanes_update``), reduced once at the end: no
+* lanes: a running (max, sum) per lane (``lse_lanes_update``), reduced once at the end: no
   reductions in the loop, but three live vectors per thread, so it needs a smaller block to stay in registers.
 
 Which is faster depends on the kernel and its shapes (H200 run 13: the vocab strategy's statistics kernel runs
-twice as fast with lanes, the CE rows kernel best with blocks of 8192); ``triton_utils.ROW_STATS`` holds the
-choice per kernel and its block caps.
+twice as fast with lanes, the CE rows kernel best with blocks of 8192); ``ROW_STATS`` holds the choice per kernel
+and its block caps.
 """
 
 from __future__ import annotations
@@ -16,14 +16,57 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_utils import (
-    LANES_M0,
-    argmax_lanes_finish,
-    argmax_lanes_update,
-    lse_lanes_finish,
-    lse_lanes_update,
-    tanh,
-)
+from . import triton_utils as tu
+from .triton_utils import tanh
+
+# How the row kernels run their statistics pass (``row_stats``): per-lane state ("lanes") or
+# block reductions ("blocks"), and the largest column block. Lanes keep three live vectors per thread (32768
+# spills). H200 run 13 (benchmarks/probe_row_stats.py, ms): the vocab statistics kernel on 8192 x 42752 lanes
+# 2048 0.228 vs blocks 32768 (the old pass) 0.451; the CE rows kernel on a GPT-OSS token chunk 1280 x 201088
+# blocks 8192 0.436 vs lanes 2048 0.464 vs blocks 32768 0.483, and on 4096 x 128256 0.826 / 0.804 / 0.793.
+ROW_STATS = {"ce_rows": ("blocks", 8192), "vocab_stats": ("lanes", 2048)}
+
+
+def row_stats_config(kernel: str, n_cols: int) -> tuple[bool, int]:
+    """``(lanes, block)`` of a row kernel's statistics pass (``ROW_STATS``), the block capped by MAX_BLOCK."""
+    mode, cap = ROW_STATS[kernel]
+    return mode == "lanes", tu.row_block(n_cols, min(tu.MAX_BLOCK, cap))
+
+
+# Online log-sum-exp kept per lane: no block-wide reduction inside the column loop (two per block cost more
+# than the memory traffic), one exp per element, reduced once per row. ``m`` starts at LANES_M0 (finite, so a
+# lane that has only seen masked -inf columns adds exp(-inf) = 0 instead of exp(nan)).
+LANES_M0 = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def lse_lanes_update(m, d, z):
+    """Fold the block ``z`` (-inf where masked) into the per-lane running max ``m`` and sum ``d`` of exp(z - m)."""
+    diff = z - m
+    e = tl.exp(-tl.abs(diff))
+    d = tl.where(diff > 0, d * e + 1.0, d + e)
+    return tl.maximum(m, z), d
+
+
+@triton.jit
+def lse_lanes_finish(m, d):
+    """The row's max and sum of exp(z - max) from the per-lane state."""
+    mx = tl.max(m, 0)
+    return mx, tl.sum(d * tl.exp(m - mx), 0)
+
+
+@triton.jit
+def argmax_lanes_update(best, best_i, z, cols):
+    """Per-lane running max and its first column (strict >: the earliest column wins a tie)."""
+    better = z > best
+    return tl.where(better, z, best), tl.where(better, cols, best_i)
+
+
+@triton.jit
+def argmax_lanes_finish(best, best_i, n_cols):
+    """The row's max and its first column (the smallest column among the lanes that hold the max)."""
+    mx = tl.max(best, 0)
+    return mx, tl.min(tl.where(best == mx, best_i, n_cols), 0)
 
 
 @triton.jit

@@ -6,7 +6,7 @@ import torch
 from sm90_compile import compile_for_sm90, distinct, record_launches
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu_variants, triton_flce_vocab, triton_utils
+from liger_registry.kernels import glu_variants, triton_flce_vocab, triton_row_stats, triton_utils
 from liger_registry.kernels.add_rms_norm import add_rms_norm
 from liger_registry.kernels.rope_variants import rope_variant
 from liger_registry.kernels.scale_unless_one import BLOCK, _scale_unless_one_kernel
@@ -86,9 +86,9 @@ def test_every_launch_compiles_for_sm90_without_spills(monkeypatch):
     with record_launches() as records:
         _tour()
         for kernel, (_, cap) in dict(
-            triton_utils.ROW_STATS
+            triton_row_stats.ROW_STATS
         ).items():  # the other statistics pass compiles too
-            monkeypatch.setitem(triton_utils.ROW_STATS, kernel, ("blocks", cap))
+            monkeypatch.setitem(triton_row_stats.ROW_STATS, kernel, ("blocks", cap))
         triton_flce_vocab._flags.cache_clear()
         _tour()
     triton_flce_vocab._flags.cache_clear()

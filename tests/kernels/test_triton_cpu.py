@@ -6,7 +6,14 @@ import torch.nn.functional as F
 from kernel_refs import ce_reference, flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import ce_torch, flce_planner, torch_impl, triton_norm, triton_utils
+from liger_registry.kernels import (
+    ce_torch,
+    flce_planner,
+    torch_impl,
+    triton_norm,
+    triton_row_stats,
+    triton_utils,
+)
 from liger_registry.kernels import flce_vocab_rows as vr
 from liger_registry.kernels.flce_options import FlceOptions
 from liger_registry.kernels.flce_target import target_logits_torch
@@ -447,7 +454,7 @@ STATS_MODES = ["lanes", "blocks"]
 def test_ce_rows_stats_lse_and_first_argmax(n_cols, mode, monkeypatch):
     """Both statistics passes (per-lane state, block reductions) give torch's logsumexp and torch.argmax's first
     index on ties."""
-    monkeypatch.setitem(triton_utils.ROW_STATS, "ce_rows", (mode, 16))
+    monkeypatch.setitem(triton_row_stats.ROW_STATS, "ce_rows", (mode, 16))
     x = _tied_rows(n_cols)
     t = torch.zeros(x.shape[0], dtype=torch.long)
     o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=1.0)
@@ -464,7 +471,7 @@ def test_vocab_stats_across_chunks_first_argmax(mode, monkeypatch):
     """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
     from liger_registry.kernels import triton_flce_vocab
 
-    monkeypatch.setitem(triton_utils.ROW_STATS, "vocab_stats", (mode, 16))
+    monkeypatch.setitem(triton_row_stats.ROW_STATS, "vocab_stats", (mode, 16))
     triton_flce_vocab._flags.cache_clear()
     x = _tied_rows(50)
     x[0, [5, 45]] = 11.0  # the tie spans two vocabulary chunks
