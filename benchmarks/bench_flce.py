@@ -53,6 +53,8 @@ METHODS = (
     ("ours throughput", "ours", {"max_chunk_mib": THROUGHPUT_MIB}),
     ("ours tokens", "ours", {"strategy": "tokens"}),
     ("ours vocab", "ours", {"strategy": "vocab"}),
+    # the vocab strategy with only pass 1's last chunk kept (the layout before kept_geometry): A/B of N <= H
+    ("ours 1-kept", "ours_one_kept", {"strategy": "vocab"}),
 )
 # rows the targets compare: timed twice, interleaved with the others, best of the two medians
 REPEATED = ("floor", "unpatched", "peer C=1", "ours default", "ours throughput")
@@ -187,6 +189,25 @@ def ours_fn(x, w, t, kwargs: dict):
     return lambda: K.fused_linear_cross_entropy(x, w, t, **kwargs).backward()
 
 
+def ours_one_kept_fn(x, w, t, kwargs: dict):
+    """``ours_fn`` with the vocab layout that keeps only pass 1's last chunk (``vocab_geometry(keep=False)``)."""
+    from liger_registry.kernels import flce_vocab
+
+    real = flce_vocab.vocab_geometry
+
+    def one_kept(*args, **kw):
+        return real(*args, **{**kw, "keep": False})
+
+    def run():
+        flce_vocab.vocab_geometry = one_kept
+        try:
+            K.fused_linear_cross_entropy(x, w, t, **kwargs).backward()
+        finally:
+            flce_vocab.vocab_geometry = real
+
+    return run
+
+
 def timed_fn(kind: str, kwargs: dict, x, w, t):
     if kind == "floor":
         return floor_fn(x, w)
@@ -194,6 +215,8 @@ def timed_fn(kind: str, kwargs: dict, x, w, t):
         return unpatched_fn(x, w, t)
     if kind == "peer":
         return peer_fn(x, w, t, kwargs["chunk_mem_const"])
+    if kind == "ours_one_kept":
+        return ours_one_kept_fn(x, w, t, kwargs)
     return ours_fn(x, w, t, kwargs)
 
 
@@ -242,11 +265,17 @@ def measure_row(name, kind, kwargs, data, timer, ctx) -> dict:
     }
     if kind == "ours":
         row["plan"], row["plan_text"] = plan_of(x.shape[0], h, v, kwargs, w.dtype, ctx["api"])
+    elif kind == "ours_one_kept":
+        row["plan_text"] = "vocab, 1 kept"
     elif kind == "peer":
         chunk, n = K.flce_chunk_geometry(x.shape[0], h, v, kwargs["chunk_mem_const"])
         row["plan_text"] = f"tokens {chunk}x{n}"
     skip = (
-        api_problem(kwargs, ctx["api"]) if kind == "ours" else ctx["peer_problem"] if kind == "peer" else None
+        api_problem(kwargs, ctx["api"])
+        if kind in ("ours", "ours_one_kept")
+        else ctx["peer_problem"]
+        if kind == "peer"
+        else None
     )
     if skip:
         row["error"] = skip
