@@ -39,17 +39,22 @@ ROWS_CASES = [(4096, 128256), (1280, 201088)]
 STATS_CASES = [(8192, 42752), (2048, 117504)]
 
 
-def rows_fn(n: int, v: int):
-    buf = torch.randn(n, v, device="cuda").bfloat16()
-    t = torch.randint(0, v, (n,), device="cuda")
-    ce = torch.empty(n, dtype=torch.float32, device="cuda")
-    scale = torch.tensor(1.0 / n, device="cuda")
+def ce_rows_call(buf: torch.Tensor, target: torch.Tensor):
+    """One launch of the CE rows kernel on ``buf`` (loss + in-place gradient, plain options), as a callable."""
+    n = buf.shape[0]
+    ce = torch.empty(n, dtype=torch.float32, device=buf.device)
+    scale = torch.tensor(1.0 / n, device=buf.device)
     extra = row_scales("triton", scale, scale, None, buf.device)
     kw = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=0.0)
     kw.update(class_weights=None, ce_grad_scale=scale, z_grad_scale=scale, row_grad=None, compute_grad=True)
     return lambda: ce_rows_triton(
-        buf, t, **kw, argmax_mode=0, out=(ce, None, None), target_logit=None, **extra
+        buf, target, **kw, argmax_mode=0, out=(ce, None, None), target_logit=None, **extra
     )
+
+
+def rows_fn(n: int, v: int):
+    buf = torch.randn(n, v, device="cuda").bfloat16()
+    return ce_rows_call(buf, torch.randint(0, v, (n,), device="cuda"))
 
 
 def stats_fn(n: int, w: int):

@@ -20,9 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import median_ms, write_json  # noqa: E402
-
-from liger_registry.kernels.ce_rows import row_scales  # noqa: E402
-from liger_registry.kernels.triton_ce import ce_rows_triton  # noqa: E402
+from probe_row_stats import ce_rows_call  # noqa: E402
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
 
@@ -47,29 +45,7 @@ def chunk_ms(x, w, t, c: int) -> dict:
     dw = torch.zeros_like(w)
     dw32 = torch.zeros(w.shape, dtype=torch.float32, device=x.device)
     dh32 = torch.zeros(c, h, dtype=torch.float32, device=x.device)
-    ce = torch.empty(c, dtype=torch.float32, device=x.device)
-    scale = torch.tensor(1.0 / x.shape[0], device=x.device)
-    extra = row_scales("triton", scale, scale, None, x.device)
-
-    def rows():
-        ce_rows_triton(
-            buf,
-            tc,
-            ignore_index=-100,
-            label_smoothing=0.0,
-            softcap=None,
-            logit_scale=1.0,
-            lse_square_scale=0.0,
-            class_weights=None,
-            ce_grad_scale=scale,
-            z_grad_scale=scale,
-            row_grad=None,
-            compute_grad=True,
-            argmax_mode=0,
-            out=(ce, None, None),
-            target_logit=None,
-            **extra,
-        )
+    rows = ce_rows_call(buf, tc)
 
     half = v // 2
 
