@@ -37,8 +37,9 @@ from common import env_info, incremental_peak_mib, write_json  # noqa: E402
 
 from liger_registry import kernels as K  # noqa: E402
 
-SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
-SMOKE_SHAPES = {"llama": (32, 500), "gpt_oss": (24, 700)}
+SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088), "qwen3": (4096, 151936)}
+DEFAULT_SHAPES = ("llama", "gpt_oss")
+SMOKE_SHAPES = {"llama": (32, 500), "gpt_oss": (24, 700), "qwen3": (32, 600)}
 BTS = (2048, 4096, 8192, 16384)
 SMOKE_BTS = (64, 256)
 THROUGHPUT_MIB = 512
@@ -53,9 +54,13 @@ METHODS = (
     ("ours throughput", "ours", {"max_chunk_mib": THROUGHPUT_MIB}),
     ("ours tokens", "ours", {"strategy": "tokens"}),
     ("ours vocab", "ours", {"strategy": "vocab"}),
-    # the vocab strategy with only pass 1's last chunk kept (the layout before kept_geometry): A/B of N <= H
-    ("ours 1-kept", "ours_one_kept", {"strategy": "vocab"}),
+    # vocab layouts for A/B, whatever the cost model chooses: only pass 1's last chunk kept (the layout before
+    # kept_geometry), and every chunk kept where that applies (N <= H)
+    ("ours 1-kept", "ours_layout", {"strategy": "vocab"}),
+    ("ours all-kept", "ours_layout", {"strategy": "vocab"}),
 )
+# the vocab layout of each "ours_layout" row: vocab_geometry's keep
+LAYOUTS = {"ours 1-kept": False, "ours all-kept": True}
 # rows the targets compare: timed twice, interleaved with the others, best of the two medians
 REPEATED = ("floor", "unpatched", "peer C=1", "ours default", "ours throughput")
 PLAN_COST_FIELDS = ("predicted_ms", "cost_ms", "est_ms", "time_ms")
@@ -65,7 +70,7 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~1 minute subset: BT 2048 and 8192 of both shapes")
     p.add_argument("--peaked", action="store_true", help="also time every row on confident ('peaked') inputs")
-    p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma list of " + ", ".join(SHAPES))
     p.add_argument("--bt", default=None, help="comma list of tokens per call (default 2048,4096,8192,16384)")
     p.add_argument("--methods", default=None, help="comma list of row names (default: all)")
     p.add_argument("--warmup-ms", type=float, default=50.0, help="do_bench warm-up (ms of running)")
@@ -189,17 +194,18 @@ def ours_fn(x, w, t, kwargs: dict):
     return lambda: K.fused_linear_cross_entropy(x, w, t, **kwargs).backward()
 
 
-def ours_one_kept_fn(x, w, t, kwargs: dict):
-    """``ours_fn`` with the vocab layout that keeps only pass 1's last chunk (``vocab_geometry(keep=False)``)."""
+def ours_layout_fn(x, w, t, kwargs: dict, keep: bool):
+    """``ours_fn`` with the vocab layout ``keep`` instead of the cost model's: False keeps only pass 1's last chunk,
+    True every chunk where that applies (``vocab_geometry(keep=...)``)."""
     from liger_registry.kernels import flce_vocab
 
     real = flce_vocab.vocab_geometry
 
-    def one_kept(*args, **kw):
-        return real(*args, **{**kw, "keep": False})
+    def layout(n, h, v, width, scratch, multiple=128, _keep=True):
+        return real(n, h, v, width, scratch, multiple, keep)
 
     def run():
-        flce_vocab.vocab_geometry = one_kept
+        flce_vocab.vocab_geometry = layout
         try:
             K.fused_linear_cross_entropy(x, w, t, **kwargs).backward()
         finally:
@@ -208,15 +214,15 @@ def ours_one_kept_fn(x, w, t, kwargs: dict):
     return run
 
 
-def timed_fn(kind: str, kwargs: dict, x, w, t):
+def timed_fn(kind: str, kwargs: dict, x, w, t, name: str = ""):
     if kind == "floor":
         return floor_fn(x, w)
     if kind == "unpatched":
         return unpatched_fn(x, w, t)
     if kind == "peer":
         return peer_fn(x, w, t, kwargs["chunk_mem_const"])
-    if kind == "ours_one_kept":
-        return ours_one_kept_fn(x, w, t, kwargs)
+    if kind == "ours_layout":
+        return ours_layout_fn(x, w, t, kwargs, LAYOUTS[name])
     return ours_fn(x, w, t, kwargs)
 
 
@@ -265,14 +271,14 @@ def measure_row(name, kind, kwargs, data, timer, ctx) -> dict:
     }
     if kind == "ours":
         row["plan"], row["plan_text"] = plan_of(x.shape[0], h, v, kwargs, w.dtype, ctx["api"])
-    elif kind == "ours_one_kept":
-        row["plan_text"] = "vocab, 1 kept"
+    elif kind == "ours_layout":
+        row["plan_text"] = "vocab, all kept" if LAYOUTS[name] else "vocab, 1 kept"
     elif kind == "peer":
         chunk, n = K.flce_chunk_geometry(x.shape[0], h, v, kwargs["chunk_mem_const"])
         row["plan_text"] = f"tokens {chunk}x{n}"
     skip = (
         api_problem(kwargs, ctx["api"])
-        if kind in ("ours", "ours_one_kept")
+        if kind in ("ours", "ours_layout")
         else ctx["peer_problem"]
         if kind == "peer"
         else None
@@ -283,7 +289,7 @@ def measure_row(name, kind, kwargs, data, timer, ctx) -> dict:
     grads = [] if kind == "floor" else [x, w]
     try:
         for label, (xx, tt) in data.items():
-            fn = timed_fn(kind, kwargs, xx, w, tt)
+            fn = timed_fn(kind, kwargs, xx, w, tt, name)
             fn()  # compile, workspaces
             row[f"{label}_ms"] = timer.ms(fn, grads if kind != "floor" else [])
             if label == "random" and kind != "floor":

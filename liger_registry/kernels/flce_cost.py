@@ -38,6 +38,7 @@ predicted vs 14.35 / 27.90 / 55.39 / 116.58 measured, GPT-OSS 16.85 / 32.26 / 63
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -193,3 +194,15 @@ def vocab_ms(
         second(c.width, c.reuse) for c in geometry.pass2
     )
     return total * 1e3 + target_logit_ms(bt, h, s, peaks)
+
+
+@lru_cache(maxsize=256)
+def keeps_every_chunk(
+    bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePeaks, multiple: int = 128
+) -> bool:
+    """Whether the vocabulary strategy lays its chunks out with every chunk's logits kept for pass 2
+    (:func:`flce_vocab_geometry.kept_geometry`, ``N <= H``): where that layout applies, when it is predicted
+    faster than keeping pass 1's last chunk only. It saves logits GEMMs but needs more chunks as N nears H (the
+    widths grow by H / N): on the H200 (session 6) 33 chunks at N = H still ran 0.91-0.92x the other layout."""
+    ms = (vocab_ms(bt, h, v, chunk, itemsize, peaks, True, multiple, keep=k) for k in (True, False))
+    return next(ms) < next(ms)

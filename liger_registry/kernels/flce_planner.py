@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import torch
 
+from . import flce_cost
 from .flce_cost import DEFAULT_PEAKS, DevicePeaks, device_peaks, peaks_for, tokens_ms, vocab_ms
 from .flce_options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
 from .flce_vocab_geometry import vocab_geometry
@@ -155,8 +156,15 @@ def _plan(
     cols = _vocab_chunk(bt, v, itemsize, budget, align) if bt else None
     t_ms = tokens_ms(bt, h, v, rows, itemsize, peaks) if rows is not None else None
     multiple = min(COL_MULTIPLE, align)
-    v_ms = vocab_ms(bt, h, v, cols, itemsize, peaks, weight_grad, multiple) if cols is not None else None
-    vocab = (h, multiple, weight_grad)
+    keep = (
+        cols is not None
+        and weight_grad
+        and flce_cost.keeps_every_chunk(bt, h, v, cols, itemsize, peaks, multiple)
+    )
+    v_ms = (
+        vocab_ms(bt, h, v, cols, itemsize, peaks, weight_grad, multiple, keep) if cols is not None else None
+    )
+    vocab = (h, multiple, weight_grad, keep)
     vocab_no = f"{align} vocabulary columns of {bt} rows exceed the budget" if cols is None else ""
     if rows is None and cols is None:
         raise ValueError(
@@ -208,8 +216,8 @@ def _make(strategy, bt, v, chunk, budget, itemsize, why, ms, peaks, vocab) -> Fl
     if strategy == "tokens":
         n = math.ceil(bt / chunk) if chunk else 0
         return FlcePlan("tokens", chunk, v, n, chunk * v * itemsize / MIB, budget / MIB, why, ms, peaks.name)
-    h, multiple, weight_grad = vocab
-    g = vocab_geometry(bt, h, v, chunk, weight_grad, multiple)
+    h, multiple, weight_grad, keep = vocab
+    g = vocab_geometry(bt, h, v, chunk, weight_grad, multiple, keep)
     widest = max(c.width for c in g.pass1) if g.pass1 else 0
     buffer = bt * g.buffer_cols * itemsize / MIB
     return FlcePlan(

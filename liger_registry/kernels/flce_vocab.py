@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import flce_planner
+from . import flce_cost, flce_planner
 from .flce_run import FlceRun
 from .flce_target import needs_exact_target, target_logits
 from .flce_token_scaling import target_probs_from_lse
@@ -92,6 +92,13 @@ def _logits(hidden, c: _Chunk) -> torch.Tensor:
     return c.buf
 
 
+def _keep(hidden: torch.Tensor, v: int, chunk: int, multiple: int) -> bool:
+    """The planner's layout choice (:func:`flce_cost.keeps_every_chunk`) on this call's device."""
+    cuda = hidden.device.type == "cuda"
+    peaks = flce_cost.device_peaks(hidden.device.index) if cuda else flce_cost.DEFAULT_PEAKS
+    return flce_cost.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
+
+
 def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
     """Same contract as :func:`flce_tokens.token_loop`, chunked over vocabulary columns as
     :func:`flce_vocab_geometry.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
@@ -107,7 +114,9 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     # dW rows are written once, in pass 2: until then their memory holds logits (see flce_vocab_geometry)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=hidden.device) if need[1] else None
     multiple = min(flce_planner.COL_MULTIPLE, flce_planner.VOCAB_ALIGN)
-    geometry = vocab_geometry(n, h, v, run.chunk, scratch=dw is not None, multiple=multiple)
+    geometry = vocab_geometry(
+        n, h, v, run.chunk, dw is not None, multiple, _keep(hidden, v, run.chunk, multiple)
+    )
     buffer_flat = torch.empty(n * geometry.buffer_cols, dtype=hidden.dtype, device=hidden.device)
     scratch_flat = None if dw is None else dw.view(-1)
     pass1 = _views(geometry.pass1, n, w_dt, b_dt, scratch_flat, buffer_flat)

@@ -22,9 +22,10 @@ chunk's logits can be kept from pass 1 to pass 2, so pass 2 runs no logits GEMM 
 the first chunk ``[0, w0)`` (``w0`` the budget buffer's width) stays in the buffer, and each later chunk
 ``[s, e)`` lies in dW's storage right after the logits of the columns before it, at ``N (s - w0)``, which ends
 below its own dW rows when ``N (e - w0) <= s H``: widths grow by ``H / N`` per chunk. Pass 2 (descending) writes
-each chunk's dW rows above the logits still to be read. The cost model (H200 row) predicts 0.89-0.95x the time
-of the geometry above at 1-3k tokens (Llama-3, Qwen3, GPT-OSS heads); it is used up to KEPT_MAX_CHUNKS chunks
-(at N = H the widths stop growing: ~V / w0 chunks, where launches would dominate). Not yet measured on the H200.
+each chunk's dW rows above the logits still to be read. At N = H the widths stop growing (~V / w0 chunks). The
+caller chooses it by the cost model (``keep``, :func:`flce_cost.keeps_every_chunk`); on the H200 (session 6) it
+ran 0.90-0.92x the time of the geometry above at 2-4k tokens on the Llama-3, Qwen3 and GPT-OSS heads, 33 chunks
+at N = H included. It is built up to KEPT_MAX_CHUNKS chunks.
 
 Without a weight gradient (a frozen head) or when ``r`` is no wider than the budget buffer (many rows), the
 geometry is the plain one: even budget-buffer chunks, pass 2 reusing the last.
@@ -87,8 +88,9 @@ def plain_geometry(v: int, width: int) -> VocabGeometry:
     return VocabGeometry(tuple(chunks), tuple(pass2))
 
 
-# the kept geometry is used up to this many chunks (launches and the fp32 dX accumulator's passes per chunk)
-KEPT_MAX_CHUNKS = 16
+# the kept geometry is built up to this many chunks (measured up to 33; beyond, launches and the fp32 dX
+# accumulator's pass per chunk are untested against the logits GEMMs it saves)
+KEPT_MAX_CHUNKS = 64
 
 
 def kept_geometry(n: int, h: int, v: int, width: int, multiple: int = 128) -> VocabGeometry | None:
@@ -114,7 +116,7 @@ def vocab_geometry(
 ) -> VocabGeometry:
     """The chunks of a call with ``n`` rows, hidden ``h``, ``v`` columns, a budget buffer of ``width`` columns;
     ``scratch``: dW [V, H] (same dtype as the logits) is computed and may hold logits (see the module doc);
-    ``keep``: the kept geometry where it applies (False: the one pass 1 chunk kept, for comparison)."""
+    ``keep``: the kept geometry where it applies (False: only pass 1's last chunk kept)."""
     width = max(min(width, v), 1)
     if not scratch or n <= 0 or h <= 0:
         return plain_geometry(v, width)

@@ -60,8 +60,12 @@ def test_planner_picks_vocab_at_2k_and_tokens_at_16k_tokens():
     # N <= H: every chunk kept in dW's memory for pass 2, 6 chunks (the widest 63488 columns), none recomputed
     assert (small.scratch, small.pass1_chunks, small.num_chunks, small.widest) == (True, 6, 6, 63488)
     assert small.recomputed == 0 and "0 recomputed" in str(small)
-    at_4k = K.flce_plan(4096, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200")  # N = H: one chunk kept
-    assert (at_4k.pass1_chunks, at_4k.num_chunks, at_4k.recomputed) == (2, 7, 64128)
+    at_4k = K.flce_plan(4096, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200")  # N = H: 33 chunks, all kept
+    assert (at_4k.pass1_chunks, at_4k.num_chunks, at_4k.recomputed) == (33, 33, 0)
+    at_8k = K.flce_plan(
+        8192, *LLAMA, chunk_mem_const=1, strategy="vocab", gpu="NVIDIA H200"
+    )  # N > H: one kept
+    assert (at_8k.pass1_chunks, at_8k.num_chunks, at_8k.recomputed) == (3, 9, 85504)
     frozen = K.flce_plan(2048, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200", weight_grad=False)
     assert not frozen.scratch and frozen.num_chunks == -(-LLAMA[1] // frozen.chunk_vocab)
     assert "dW's memory" in str(small) and "dW" not in str(frozen)
@@ -200,6 +204,41 @@ def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
         bt, shape[0], shape[1], plan.chunk_vocab, 2, flce_cost.peaks_for("H200"), True, 128, keep=False
     )
     assert plan.scratch and one_kept == pytest.approx(RUN9_SCRATCH[bt, shape], rel=0.05)
-    assert plan.predicted_ms <= one_kept  # the kept geometry where N <= H (not yet measured)
+    assert plan.predicted_ms <= one_kept  # the kept geometry where N <= H (measured below)
     assert K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200").strategy == "vocab"
     assert K.flce_plan(16384, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200").strategy == "tokens"
+
+
+QWEN3 = (4096, 151936)
+# H200 session 6 (bench_flce, bf16 fwd + bwd ms, the C=1 budget): every chunk kept (N <= H) vs pass 1's last only
+KEPT_RUNS = {
+    (2048, LLAMA): (10.06, 10.99),
+    (3072, LLAMA): (15.08, 16.88),
+    (4096, LLAMA): (21.28, 23.01),  # 33 chunks
+    (2048, QWEN3): (12.05, 13.17),
+    (3072, QWEN3): (18.06, 19.96),
+    (4096, QWEN3): (25.00, 27.50),
+    (2048, (2880, 201088)): (11.70, 13.00),
+}
+
+
+@pytest.mark.parametrize("bt,shape", list(KEPT_RUNS))
+def test_cost_model_chooses_the_kept_layout_where_it_measured_faster(bt, shape):
+    """Both layouts predicted within 5% of the H200, and the plan takes the kept one (no logits recomputed)."""
+    peaks = flce_cost.peaks_for("NVIDIA H200")
+    plan = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="vocab", gpu="NVIDIA H200")
+    kept, one_kept = (
+        flce_cost.vocab_ms(bt, *shape, plan.chunk_vocab, 2, peaks, True, 128, keep=k) for k in (True, False)
+    )
+    assert (kept, one_kept) == pytest.approx(KEPT_RUNS[bt, shape], rel=0.05)
+    assert flce_cost.keeps_every_chunk(bt, *shape, plan.chunk_vocab, 2, peaks, 128)
+    assert plan.recomputed == 0 and plan.predicted_ms == pytest.approx(kept)
+
+
+def test_kept_layout_is_refused_where_its_extra_chunks_cost_more_than_the_gemms_it_saves():
+    """N = H with a quarter of the C=1 budget: 63 kept chunks. A card with free GEMMs and slow memory pays for
+    every chunk's fp32 dX pass and saves nothing: the one-kept layout, and the run follows the plan."""
+    membound = flce_cost.DevicePeaks("membound", 1e18, 1e11)
+    assert not flce_cost.keeps_every_chunk(4096, *LLAMA, 2048, 2, membound, 128)
+    assert flce_cost.keeps_every_chunk(4096, *LLAMA, 2048, 2, flce_cost.peaks_for("H200"), 128)
+    assert not flce_cost.keeps_every_chunk(8192, *LLAMA, 3968, 2, flce_cost.peaks_for("H200"), 128)  # N > H

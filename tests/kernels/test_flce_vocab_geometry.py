@@ -7,7 +7,7 @@ import torch
 from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import flce_planner, flce_vocab, triton_utils
+from liger_registry.kernels import flce_cost, flce_planner, flce_vocab, triton_utils
 from liger_registry.kernels.flce_vocab_geometry import (
     KEPT_MAX_CHUNKS,
     VocabChunk,
@@ -59,7 +59,9 @@ def test_llama_2048_kept_layout():
     assert g.pass1[0].scratch is False and all(c.scratch for c in g.pass1[1:])
     assert all(c.reuse for c in g.pass2) and g.recomputed == 0 and g.buffer_cols == 3968
     assert vocab_geometry(2048, *LLAMA, 3968, True, keep=False).recomputed == 42752
-    assert kept_geometry(4096, *LLAMA, 3968) is None  # N = H: widths stop growing, ~32 chunks
+    at_h = kept_geometry(4096, *LLAMA, 3968)  # N = H: the widths stop growing
+    assert [c.width for c in at_h.pass1] == [3968] * 32 + [1280] and fits(at_h, 4096, *LLAMA)
+    assert kept_geometry(4096, *LLAMA, 1024) is None  # 126 chunks > KEPT_MAX_CHUNKS
 
 
 def test_frozen_head_is_never_kept_in_dw():
@@ -98,8 +100,13 @@ N = ROWS["kept"]
 
 
 @pytest.fixture(params=sorted(ROWS))
-def rows(request):
-    return ROWS[request.param]
+def rows(request, monkeypatch):
+    """The kept layout wherever it applies: at these tiny shapes the cost model prefers the one-kept layout (its
+    per-chunk cost outweighs GEMMs of next to nothing; see test_run_follows_the_cost_models_layout)."""
+    monkeypatch.setattr(flce_cost, "keeps_every_chunk", lambda *a: True)
+    flce_planner._plan.cache_clear()
+    yield ROWS[request.param]
+    flce_planner._plan.cache_clear()
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -155,9 +162,7 @@ def test_scratch_matches_the_reference(backend, rows, opts, bias):
 def test_frozen_head_takes_the_plain_geometry_and_is_right(backend, monkeypatch):
     seen = []
     real = flce_vocab.vocab_geometry
-    monkeypatch.setattr(
-        flce_vocab, "vocab_geometry", lambda *a, **k: seen.append(k["scratch"]) or real(*a, **k)
-    )
+    monkeypatch.setattr(flce_vocab, "vocab_geometry", lambda *a: seen.append(a[4]) or real(*a))
     hidden, weight, target, _ = _inputs(False)
     weight = weight.detach()
     out = K.fused_linear_cross_entropy(hidden, weight, target, strategy="vocab")
@@ -188,3 +193,20 @@ def test_logits_gemms_and_buffer(backend, rows, monkeypatch):
     if g.buffer_cols != plan.chunk_vocab:
         assert rows * plan.chunk_vocab not in sizes
     torch.autograd.grad(out, [hidden, weight])
+
+
+def test_run_follows_the_cost_models_layout(backend, monkeypatch):
+    """Unforced, the tiny case with N <= H gets the layout the model predicts faster (here the one-kept one), in
+    the plan and in the run alike."""
+    hidden, weight, target, _ = _inputs(False)
+    calls = []
+    real_logits = flce_vocab._logits
+    monkeypatch.setattr(flce_vocab, "_logits", lambda *a: calls.append(a[1].w.shape[0]) or real_logits(*a))
+    out = K.fused_linear_cross_entropy(hidden, weight, target, strategy="vocab")
+    plan = K.flce_plan(N, H, V, strategy="vocab", dtype=torch.float32)
+    assert not flce_cost.keeps_every_chunk(N, H, V, plan.chunk_vocab, 4, flce_cost.DEFAULT_PEAKS, 8)
+    g = vocab_geometry(N, H, V, plan.chunk_vocab, True, 8, keep=False)
+    assert plan.recomputed == g.recomputed > 0
+    assert calls == [c.width for c in g.pass1] + [c.width for c in g.pass2 if not c.reuse]
+    ref, _ = flce_reference(hidden, weight, target, None)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -583,18 +583,23 @@ def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     assert overhead < 0.02, f"label check costs {overhead:.2%} of the FLCE call"
 
 
-def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch):
-    """The vocab strategy with chunks in dW's not yet written memory (Llama-3 head, 2048 tokens, C=1), every chunk
-    kept for pass 2 (N <= H, the default there) and only pass 1's last one: the same loss and gradients as the
-    plain geometry (budget-buffer chunks only), and no higher peak."""
+@pytest.mark.parametrize("bt", [2048, 4096])
+def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
+    """The vocab strategy with chunks in dW's not yet written memory (Llama-3 head, C=1), every chunk kept for pass
+    2 (N <= H, the default there: 6 chunks at 2048 tokens, 33 at 4096) and only pass 1's last one: the same loss
+    and gradients as the plain geometry (budget-buffer chunks only), and no higher peak."""
     from liger_registry.kernels import flce_vocab
     from liger_registry.kernels.flce_vocab_geometry import plain_geometry, vocab_geometry
 
-    hidden, weight, target = _llama_head("random")
+    hidden, weight, target = _llama_head("random", bt)
     layouts = {
-        "kept": vocab_geometry,
-        "one_kept": lambda n, h, v, w, **k: vocab_geometry(n, h, v, w, keep=False, **k),
-        "plain": lambda n, h, v, w, **k: plain_geometry(v, w),
+        "kept": lambda n, h, v, w, scratch, multiple, keep: vocab_geometry(
+            n, h, v, w, scratch, multiple, True
+        ),
+        "one_kept": lambda n, h, v, w, scratch, multiple, keep: vocab_geometry(
+            n, h, v, w, scratch, multiple, False
+        ),
+        "plain": lambda n, h, v, w, *a: plain_geometry(v, w),
     }
     results = {}
     for name, layout in layouts.items():
@@ -611,6 +616,6 @@ def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch):
     monkeypatch.setattr(flce_vocab, "vocab_geometry", vocab_geometry)
     lp, dhp, dwp, mp = results.pop("plain")
     for name, (ls, dhs, dws, ms) in results.items():
-        print(f"\n[gpu-check] vocab {name} peak {ms:.1f} MiB vs plain {mp:.1f} MiB", flush=True)
+        print(f"\n[gpu-check] vocab {bt} {name} peak {ms:.1f} MiB vs plain {mp:.1f} MiB", flush=True)
         assert _rel(ls, lp) < 1e-5 and _rel(dhs, dhp) < 5e-3 and _rel(dws, dwp) < 5e-3, name
         assert ms <= mp + 1.0, name
