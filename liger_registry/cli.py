@@ -76,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--vocab", type=int, metavar="V", help="vocabulary size for the plan (default: the config's)"
     )
+    exp.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="cost the plan for this GPU (e.g. H200, H100, A100; default: this machine's CUDA device, else a "
+        "generic GPU)",
+    )
     _registry_option(exp)
     schema = sub.add_parser("schema", help="JSON Schema of the YAML files")
     schema.add_argument(
@@ -174,6 +180,7 @@ def _explain(args) -> int:
         tokens=args.tokens,
         hidden=args.hidden,
         vocab=args.vocab,
+        gpu=args.gpu,
         registry=load_registry(*args.registry) if args.registry else None,
     )
     if args.tokens is None:

@@ -25,6 +25,9 @@ class Explanation:
     hidden: int | None = None
     vocab: int | None = None
     model_config: Any = None  # the model's own config (explain on a model), for H and V
+    gpu: str | None = (
+        None  # plan for a GPU of this name (default: the current CUDA device, else a generic one)
+    )
 
     def __str__(self) -> str:
         entry = self.config.entry
@@ -80,6 +83,7 @@ class Explanation:
             max_chunk_mib=flce.max_chunk_mib,
             strategy=flce.strategy,
             dtype=_dtype(self.dtype, "bfloat16"),
+            **({"gpu": self.gpu} if self.gpu else {}),
         )
 
     def shape(self) -> tuple[int, int]:
@@ -129,13 +133,15 @@ def explain(
     tokens: int | None = None,
     hidden: int | None = None,
     vocab: int | None = None,
+    gpu: str | None = None,
     **overrides: Any,
 ) -> Explanation:
     """What apply() would install, each knob with the layer that set it; patches nothing, imports no applier.
 
     `device`/`dtype` (e.g. "cpu", "float32"; a model's own when a model is given) add the backend of each
     kernel with the reasons it is not Triton; `tokens` adds the FLCE plan for that many tokens per step
-    (H and V from `hidden`/`vocab`, else the model's config or the model type's defaults).
+    (H and V from `hidden`/`vocab`, else the model's config or the model type's defaults), costed for the GPU named
+    `gpu` (e.g. "NVIDIA H200"; matched against the cost model's table) or, by default, this machine's.
     """
     config = configure(model_or_model_type, policy, registry, **overrides)
     model_config = None
@@ -147,7 +153,7 @@ def explain(
         parameter = next(iter(inner.parameters()), None) if hasattr(inner, "parameters") else None
         if parameter is not None and device is None:
             device, dtype = parameter.device, dtype or parameter.dtype
-    return Explanation(config, device, dtype, tokens, hidden, vocab, model_config)
+    return Explanation(config, device, dtype, tokens, hidden, vocab, model_config, gpu)
 
 
 def _chunks_text(plan) -> str:

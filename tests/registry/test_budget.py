@@ -188,6 +188,19 @@ def test_explain_tokens_against_the_real_planner():
     assert "FLCE plan for 4096 tokens" in str(explanation)
 
 
+def test_explain_tokens_for_a_named_gpu(capsys):
+    """From a CPU machine, the plan an H200 would run: Llama-3-8B's head at 4096 tokens keeps every vocabulary
+    chunk (the layout the cost model chooses there, measured 0.92x the one-kept layout)."""
+    from liger_registry import cli
+
+    args = ["explain", "llama", "--tokens", "4096", "--hidden", "4096", "--vocab", "128256"]
+    assert cli.main([*args, "--gpu", "NVIDIA H200"]) == 0
+    out = capsys.readouterr().out
+    assert "vocab: 33 + 33 chunks" in out and "0 recomputed" in out and "on H200" in out
+    plan = liger_registry.explain("llama", tokens=4096, hidden=4096, vocab=128256, gpu="H200").plan()
+    assert plan.device == "H200" and plan.recomputed == 0
+
+
 def test_explain_tokens_with_a_bad_shape_is_a_clear_error(capsys):
     from liger_registry import cli
 
