@@ -17,6 +17,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from liger_registry.kernels.add_rms_norm import add_rms_norm
 from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
+from liger_registry.modules.module_attr import attr_reader, has_attr
 from liger_registry.schemas import AddRmsNormSpec, FamilyEntry
 
 # Newer transformers checkpoint a GradientCheckpointingLayer inside the forward its class defines (a wrapper made
@@ -52,7 +53,7 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
         float(spec.offset),
         spec.casting_mode,
         spec.weight_attr,
-        spec.eps_attr,
+        attr_reader(spec.eps_attr),
     )
 
     def fused(self, hidden_states, *args, **kwargs):
@@ -68,7 +69,7 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
             hidden_states = norm(residual)
         else:
             residual, hidden_states = add_rms_norm(
-                hidden_states, residual, weight, getattr(norm, eps_attr), offset=offset, casting_mode=mode
+                hidden_states, residual, weight, eps_attr(norm), offset=offset, casting_mode=mode
             )
         hidden_states = getattr(self, shape.mlp)(hidden_states)
         return residual + hidden_states
@@ -126,6 +127,7 @@ def add_rms_norm_problem(spec: AddRmsNormSpec, entry: FamilyEntry, target: type 
     norm = getattr(target, shape.post_norm, None)
     if type(norm) not in classes:
         return f"{cls.__name__}: its {shape.post_norm} is {type(norm).__name__}, not the family's RMSNorm ({names})"
-    if missing := [a for a in (spec.weight_attr, spec.eps_attr) if not hasattr(norm, a)]:
+    attrs = (spec.weight_attr, spec.eps_attr)
+    if missing := [a if isinstance(a, str) else " or ".join(a) for a in attrs if not has_attr(norm, a)]:
         return f"{cls.__name__}: its {shape.post_norm} has no attribute {', '.join(missing)}"
     return None

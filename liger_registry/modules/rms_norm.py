@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from liger_registry import kernels
+from liger_registry.modules.module_attr import attr_reader
 from liger_registry.schemas import RmsNormSpec
 
 
@@ -11,14 +12,14 @@ def rms_norm_forward(spec: RmsNormSpec):
         float(spec.offset),
         spec.casting_mode,
         spec.weight_attr,
-        spec.eps_attr,
+        attr_reader(spec.eps_attr),
     )
 
     def forward(self, hidden_states):
         return kernels.rms_norm(
             hidden_states,
             getattr(self, weight_attr),
-            getattr(self, eps_attr),
+            eps_attr(self),
             offset=offset,
             casting_mode=mode,
         )

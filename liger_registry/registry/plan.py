@@ -102,7 +102,11 @@ def _module_kernel(
     plan.problems += [f"{kind.name}: {p}" for p in overriding.values()]
     matched = [(name, m) for name, m in matched if name not in overriding]
     for name, module in matched:
-        missing = [a for a in spec.module_attributes(kind.attributes) if not hasattr(module, a)]
+        missing = [
+            " or ".join(names)
+            for names in spec.module_attributes(kind.attributes)
+            if not any(hasattr(module, n) for n in names)
+        ]
         if missing:
             plan.problems.append(
                 f"{kind.name}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}"

@@ -83,11 +83,33 @@ def resolve_class(entry: FamilyEntry, name: str) -> type:
     return value
 
 
+def hub_wrapped_function(value: Any) -> Any:
+    """The function inside a kernels-hub function module, else `value` itself.
+
+    With the `kernels` package installed (a dependency of transformers >= 5.25), `use_kernel_forward_from_hub`
+    turns a decorated module-level function (`apply_rotary_pos_emb`) into an `nn.Module` instance whose forward
+    calls the function. The attention forwards still look that name up as a module global, so replacing it
+    works as before; what it wraps is the function to check. `kernels.kernelize` routes calls through the
+    module's own copy, which a patched name bypasses."""
+    if inspect.isclass(value) or not hasattr(value, "kernel_layer_name"):
+        return value
+    forward = getattr(type(value), "forward", None)
+    if not inspect.isfunction(forward) or not forward.__closure__:
+        return value
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__, strict=True))
+    try:
+        inner = cells["func"].cell_contents
+    except (KeyError, ValueError):
+        return value
+    return inner if inspect.isfunction(inner) else value
+
+
 def resolve_function(entry: FamilyEntry, name: str) -> tuple[ModuleType, str]:
     """The module and name of a plain function defined under transformers (never a class, a module, a builtin
-    or a torch function re-exported by a modeling module)."""
+    or a torch function re-exported by a modeling module), also when the kernels hub wraps it in a module
+    (:func:`hub_wrapped_function`)."""
     module, attr = resolve_name(entry, name)
-    value = getattr(module, attr)
+    value = hub_wrapped_function(getattr(module, attr))
     if not inspect.isfunction(value):
         raise RegistryError(
             f"family {entry.family!r}: {module.__name__}.{attr} is a {type(value).__name__}, not a function"

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from liger_registry.registry.targets import hub_wrapped_function
+
 _CONFIG_REF = re.compile(r"\bconfig\.(\w+)")
 _SELF_REF = re.compile(r"\bself\.(\w+)")
 _SELF_FROM_CONFIG = re.compile(r"self\.(\w+)\s*=\s*(?:self\.)?config\.(\w+)")
@@ -126,8 +128,12 @@ def rotary_functions(module: ModuleType) -> list[str]:
     return sorted(
         n
         for n, v in vars(module).items()
-        if pyinspect.isfunction(v) and n.startswith("apply_rotary") and v.__module__ == module.__name__
+        if n.startswith("apply_rotary") and _defined_in(hub_wrapped_function(v), module)
     )
+
+
+def _defined_in(value: Any, module: ModuleType) -> bool:
+    return pyinspect.isfunction(value) and value.__module__ == module.__name__
 
 
 def config_names_read(cls: type, method: str = "forward") -> set[str]:

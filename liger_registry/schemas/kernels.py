@@ -55,9 +55,11 @@ class ModuleKernelSpec(KernelSpec):
 
     _check_targets = field_validator("targets")(check_targets)
 
-    def module_attributes(self, fields: tuple[str, ...]) -> list[str]:
-        """The attribute names (values of these spec fields) every target module must have."""
-        return [name for name in (getattr(self, f) for f in fields) if name is not None]
+    def module_attributes(self, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """The attributes (values of these spec fields) every target module must have, each as its alternative
+        names (a field given a list: the module needs one of them)."""
+        values = (getattr(self, f) for f in fields)
+        return [(v,) if isinstance(v, str) else tuple(v) for v in values if v is not None]
 
 
 class RmsNormSpec(ModuleKernelSpec):
@@ -70,12 +72,21 @@ class RmsNormSpec(ModuleKernelSpec):
     offset: StrictFloat | StrictInt = Field(
         default(RMS_NORM + "offset"), description="Added to the weight (Gemma stores weight - 1)."
     )
-    eps_attr: str = Field(
-        default(RMS_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
+    eps_attr: str | list[str] = Field(
+        default(RMS_NORM + "eps_attr"),
+        description="Attribute of the module that holds epsilon; a list: the first of them the module has (for a "
+        "name transformers renamed: Llama4TextRMSNorm's `eps` is `variance_epsilon` from 5.25).",
     )
     weight_attr: str = Field(
         default(RMS_NORM + "weight_attr"), description="Attribute of the module that holds the scale."
     )
+
+    @field_validator("eps_attr")
+    @classmethod
+    def _one_name_at_least(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("eps_attr: an empty list names no attribute")
+        return value
 
 
 class AddRmsNormSpec(RmsNormSpec):
@@ -117,10 +128,10 @@ class GluSpec(ModuleKernelSpec):
     def variant(self) -> str:
         return "gate_up" if self.gate_up is not None else ""
 
-    def module_attributes(self, fields: tuple[str, ...]) -> list[str]:
+    def module_attributes(self, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
         if self.gate_up is None:
             return super().module_attributes(fields)
-        return [self.gate_up, self.down]
+        return [(self.gate_up,), (self.down,)]
 
 
 class LayerNormSpec(ModuleKernelSpec):

@@ -65,7 +65,7 @@ def test_gate_up_replaces_gate_and_up():
     with pytest.raises(pydantic.ValidationError, match="replaces gate and up"):
         GluSpec(targets=["Phi3MLP"], gate_up="gate_up_proj", gate="w1")
     spec = GluSpec(targets=["Phi3MLP"], gate_up="gate_up_proj")
-    assert spec.module_attributes(KINDS["swiglu"].attributes) == ["gate_up_proj", "down_proj"]
+    assert spec.module_attributes(KINDS["swiglu"].attributes) == [("gate_up_proj",), ("down_proj",)]
     assert KINDS["swiglu"].op_for(spec) == "glu_fused"
 
 

@@ -48,3 +48,33 @@ def test_a_renamed_class_is_a_problem_not_an_exception(tmp_path, model):
     plan = plan_for(tmp_path, "  swiglu: {targets: [LlamaMLPRenamed]}\n", model=model)
     assert any("swiglu:" in p and "LlamaMLPRenamed" in p for p in plan.problems)
     assert {p.kernel for p in plan.replacements} >= {"rms_norm"}
+
+
+@pytest.mark.parametrize(
+    "names, missing",
+    [("[eps, variance_epsilon]", None), ("[variance_epsilon]", None), ("[eps, epsilon]", "eps or epsilon")],
+)
+def test_eps_attr_alternatives_need_one_that_the_module_has(tmp_path, names, missing):
+    """A list names the attribute as transformers spelt it in different releases (Llama4TextRMSNorm: `eps`, then
+    `variance_epsilon` in 5.25); LlamaRMSNorm has `variance_epsilon`."""
+    entry = MINI.replace(
+        "rms_norm: {targets: [LlamaRMSNorm]}", f"rms_norm: {{targets: [LlamaRMSNorm], eps_attr: {names}}}"
+    )
+    (tmp_path / "mini.yaml").write_text(entry)
+    registry = load_registry(tmp_path)
+    plan = make_plan(resolve(registry, registry.family("mini")), tiny_model("llama"))
+    if missing is None:
+        assert plan.problems == [] and any(p.kernel == "rms_norm" for p in plan.replacements)
+    else:
+        assert any(f"has no attribute {missing}" in p for p in plan.problems), plan.problems
+
+
+def test_an_empty_eps_attr_list_is_a_registry_error(tmp_path):
+    from liger_registry.registry.errors import RegistryError
+
+    entry = MINI.replace(
+        "rms_norm: {targets: [LlamaRMSNorm]}", "rms_norm: {targets: [LlamaRMSNorm], eps_attr: []}"
+    )
+    (tmp_path / "mini.yaml").write_text(entry)
+    with pytest.raises(RegistryError, match="eps_attr: an empty list names no attribute"):
+        load_registry(tmp_path)

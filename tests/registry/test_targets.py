@@ -104,3 +104,55 @@ def test_strict_false_turns_a_renamed_class_into_a_warning(tmp_path):
 
 def test_explain_shows_known_breakage():
     assert "known broken: transformers 5.24: the original" in str(liger_registry.explain("llama4"))
+
+
+def _rotate(q, k, cos, sin, unsqueeze_dim=1):
+    return q, k
+
+
+def _func_module(func):
+    """What kernels' `use_kernel_forward_from_hub` makes of a function (kernels 0.19): an nn.Module instance with a
+    `kernel_layer_name` whose forward calls the function from a closure cell named `func`."""
+    from torch import nn
+
+    class Func(nn.Module):
+        kernel_layer_name = "rotary_pos_emb"
+
+        def forward(self, *args, **kwargs):
+            return func(*args, **kwargs)
+
+    return Func()
+
+
+def test_hub_wrapped_function_unwraps_a_kernels_function_module():
+    from liger_registry.registry.targets import hub_wrapped_function
+
+    wrapped = _func_module(_rotate)
+    assert hub_wrapped_function(wrapped) is _rotate and wrapped(1, 2, 3, 4) == (1, 2)
+    assert hub_wrapped_function(_rotate) is _rotate
+    plain = type(wrapped)  # a class is never unwrapped
+    assert hub_wrapped_function(plain) is plain
+
+
+def test_hub_wrapped_function_through_transformers_decorator():
+    """transformers' own `use_kernel_forward_from_hub`: from 5.25, with its `kernels` dependency, a function module
+    (unwrapped to the function); without `kernels`, the function itself."""
+    from transformers.integrations import hub_kernels
+
+    from liger_registry.registry.targets import hub_wrapped_function
+
+    wrapped = hub_kernels.use_kernel_forward_from_hub("rotary_pos_emb")(_rotate)
+    assert hub_wrapped_function(wrapped) is _rotate
+
+
+def test_llama_rotary_function_resolves_and_its_patch_is_taken_back():
+    """Whatever the installed transformers makes of `apply_rotary_pos_emb` (a function, or a kernels function
+    module from 5.25), the rope kernel patches it and revert restores that very object."""
+    from transformers.models.llama import modeling_llama
+
+    before = modeling_llama.apply_rotary_pos_emb
+    model = tiny_model("llama")
+    handle = liger_registry.apply(model, strict=True)
+    assert handle.report.counts().get("rope", 0) > 0
+    handle.revert()
+    assert modeling_llama.apply_rotary_pos_emb is before
