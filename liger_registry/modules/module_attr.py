@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
 from typing import Any
 
 
 def attr_reader(names: str | list[str]) -> Callable[[Any], Any]:
-    """``module -> value`` of ``names``: one attribute, or the first of a list the module has."""
-    if isinstance(names, str):
-        return attrgetter(names)
-    if len(names) == 1:
-        return attrgetter(names[0])
+    """``module -> value`` of ``names``: one attribute, or the first of a list the module has. Plain functions
+    (not ``operator.attrgetter``, which torch.compile cannot trace without a graph break)."""
+    if isinstance(names, str) or len(names) == 1:
+        name = names if isinstance(names, str) else names[0]
+
+        def read_one(module: Any) -> Any:
+            return getattr(module, name)
+
+        return read_one
     alternatives = tuple(names)
 
-    def read(module: Any) -> Any:
-        for name in alternatives:
-            value = getattr(module, name, _MISSING)
-            if value is not _MISSING:
-                return value
+    def read_first(module: Any) -> Any:
+        for candidate in alternatives:
+            if hasattr(module, candidate):
+                return getattr(module, candidate)
         raise AttributeError(f"{type(module).__name__} has none of the attributes {', '.join(alternatives)}")
 
-    return read
+    return read_first
 
 
 def has_attr(module: Any, names: str | list[str]) -> bool:
     """Whether the module has ``names`` (one of them, for a list)."""
     return any(hasattr(module, n) for n in ((names,) if isinstance(names, str) else names))
-
-
-_MISSING = object()

@@ -18,6 +18,7 @@ from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
 from liger_registry.kernels.rope_variants import rope_variant
 from liger_registry.modules import rope_variants as dropin
+from liger_registry.registry.targets import hub_wrapped_function
 
 B, HQ, HK, S, D = 2, 3, 1, 5, 24  # odd head counts, half dims 6 and 12: every block has a masked tail
 
@@ -107,7 +108,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
 def test_triton_matches_family(monkeypatch, family, ours, width, dtype, cos_dtype):
     monkeypatch.setenv(K.ENV_VAR, "triton")
     q, k, rest = _inputs(width, dtype, cos_dtype)
-    key = f"{family.__module__.rsplit('.', 1)[-1]}.{family.__name__} {str(dtype)[6:]}/{str(cos_dtype)[6:]}"
+    named = hub_wrapped_function(family)  # transformers >= 5.25 with `kernels`: a module around the function
+    key = f"{named.__module__.rsplit('.', 1)[-1]}.{named.__name__} {str(dtype)[6:]}/{str(cos_dtype)[6:]}"
     _compare(family, ours, q, k, rest, False, TOL[dtype], key)
 
 

@@ -25,3 +25,13 @@ def test_one_name_and_alternatives_read_the_first_present():
 def test_none_present_is_an_attribute_error_naming_them():
     with pytest.raises(AttributeError, match="Norm has none of the attributes eps, epsilon"):
         attr_reader(["eps", "epsilon"])(Norm(variance_epsilon=1e-6))
+
+
+def test_readers_trace_without_a_graph_break():
+    """torch.compile(fullgraph=True) through both readers (operator.attrgetter would break the graph)."""
+    import torch
+
+    norm = Norm(variance_epsilon=1e-6)
+    for reader in (attr_reader("variance_epsilon"), attr_reader(["eps", "variance_epsilon"])):
+        scaled = torch.compile(lambda x, read=reader: x * read(norm), fullgraph=True, backend="eager")
+        torch.testing.assert_close(scaled(torch.ones(2)), torch.full((2,), 1e-6))
