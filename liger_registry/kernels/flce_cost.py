@@ -98,6 +98,11 @@ def device_peaks(device_index: int | None = None) -> DevicePeaks:
     return peaks_for(_gpu_name(torch.cuda.current_device() if device_index is None else device_index))
 
 
+def peaks_of(device: torch.device) -> DevicePeaks:
+    """Peaks of the device a tensor lives on (the default row for a non-CUDA device)."""
+    return device_peaks(device.index) if device.type == "cuda" else DEFAULT_PEAKS
+
+
 @dataclass(frozen=True)
 class _Machine:
     flops: float

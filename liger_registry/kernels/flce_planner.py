@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 
 from . import flce_cost
-from .flce_cost import DEFAULT_PEAKS, DevicePeaks, device_peaks, peaks_for, tokens_ms, vocab_ms
+from .flce_cost import DevicePeaks, device_peaks, peaks_for, peaks_of, tokens_ms, vocab_ms
 from .flce_options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
 from .flce_vocab_geometry import vocab_geometry
 
@@ -277,7 +277,7 @@ def plan_for(
     bt: int, h: int, v: int, options, dtype: torch.dtype, device: torch.device, weight_grad: bool = True
 ) -> FlcePlan:
     """The plan of a call whose :class:`FlceOptions` are already validated (no second validation, cached)."""
-    peaks = device_peaks(device.index) if device.type == "cuda" else DEFAULT_PEAKS
+    peaks = peaks_of(device)
     plan = _plan.__wrapped__ if torch.compiler.is_compiling() else _plan  # dynamo traces through the cache
     knobs = (options.chunk_mem_const, options.max_chunk_mib, options.strategy)
     return plan(bt, h, v, *knobs, dtype.itemsize, peaks, VOCAB_ALIGN, weight_grad)

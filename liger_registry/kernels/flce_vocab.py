@@ -94,8 +94,7 @@ def _logits(hidden, c: _Chunk) -> torch.Tensor:
 
 def _keep(hidden: torch.Tensor, v: int, chunk: int, multiple: int) -> bool:
     """The planner's layout choice (:func:`flce_cost.keeps_every_chunk`) on this call's device."""
-    cuda = hidden.device.type == "cuda"
-    peaks = flce_cost.device_peaks(hidden.device.index) if cuda else flce_cost.DEFAULT_PEAKS
+    peaks = flce_cost.peaks_of(hidden.device)
     return flce_cost.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
 
 

@@ -17,7 +17,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from liger_registry.kernels.add_rms_norm import add_rms_norm
 from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
-from liger_registry.modules.module_attr import attr_reader, has_attr
+from liger_registry.modules.module_attr import attr_label, attr_reader, has_attr
 from liger_registry.schemas import AddRmsNormSpec, FamilyEntry
 
 # Newer transformers checkpoint a GradientCheckpointingLayer inside the forward its class defines (a wrapper made
@@ -49,7 +49,7 @@ def _runs_as_a_module(norm: nn.Module, weight: torch.Tensor) -> bool:
 
 
 def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
-    offset, mode, weight_attr, eps_attr = (
+    offset, mode, weight_attr, read_eps = (
         float(spec.offset),
         spec.casting_mode,
         spec.weight_attr,
@@ -69,7 +69,7 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
             hidden_states = norm(residual)
         else:
             residual, hidden_states = add_rms_norm(
-                hidden_states, residual, weight, eps_attr(norm), offset=offset, casting_mode=mode
+                hidden_states, residual, weight, read_eps(norm), offset=offset, casting_mode=mode
             )
         hidden_states = getattr(self, shape.mlp)(hidden_states)
         return residual + hidden_states
@@ -128,6 +128,6 @@ def add_rms_norm_problem(spec: AddRmsNormSpec, entry: FamilyEntry, target: type 
     if type(norm) not in classes:
         return f"{cls.__name__}: its {shape.post_norm} is {type(norm).__name__}, not the family's RMSNorm ({names})"
     attrs = (spec.weight_attr, spec.eps_attr)
-    if missing := [a if isinstance(a, str) else " or ".join(a) for a in attrs if not has_attr(norm, a)]:
+    if missing := [attr_label(a) for a in attrs if not has_attr(norm, a)]:
         return f"{cls.__name__}: its {shape.post_norm} has no attribute {', '.join(missing)}"
     return None

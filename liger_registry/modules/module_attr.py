@@ -27,6 +27,11 @@ def attr_reader(names: str | list[str]) -> Callable[[Any], Any]:
     return read_first
 
 
-def has_attr(module: Any, names: str | list[str]) -> bool:
+def has_attr(module: Any, names: str | list[str] | tuple[str, ...]) -> bool:
     """Whether the module has ``names`` (one of them, for a list)."""
     return any(hasattr(module, n) for n in ((names,) if isinstance(names, str) else names))
+
+
+def attr_label(names: str | list[str] | tuple[str, ...]) -> str:
+    """``names`` as an error message says them: ``eps`` or ``eps or variance_epsilon``."""
+    return names if isinstance(names, str) else " or ".join(names)

@@ -8,7 +8,7 @@ from liger_registry.schemas import RmsNormSpec
 
 
 def rms_norm_forward(spec: RmsNormSpec):
-    offset, mode, weight_attr, eps_attr = (
+    offset, mode, weight_attr, read_eps = (
         float(spec.offset),
         spec.casting_mode,
         spec.weight_attr,
@@ -19,7 +19,7 @@ def rms_norm_forward(spec: RmsNormSpec):
         return kernels.rms_norm(
             hidden_states,
             getattr(self, weight_attr),
-            eps_attr(self),
+            read_eps(self),
             offset=offset,
             casting_mode=mode,
         )

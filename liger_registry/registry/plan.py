@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
+from liger_registry.modules.module_attr import attr_label, has_attr
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.rebind import calls_function, rebind
 from liger_registry.registry.resolve import ResolvedConfig
@@ -102,11 +103,8 @@ def _module_kernel(
     plan.problems += [f"{kind.name}: {p}" for p in overriding.values()]
     matched = [(name, m) for name, m in matched if name not in overriding]
     for name, module in matched:
-        missing = [
-            " or ".join(names)
-            for names in spec.module_attributes(kind.attributes)
-            if not any(hasattr(module, n) for n in names)
-        ]
+        attrs = spec.module_attributes(kind.attributes)
+        missing = [attr_label(names) for names in attrs if not has_attr(module, names)]
         if missing:
             plan.problems.append(
                 f"{kind.name}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}"
