@@ -187,7 +187,7 @@ def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = 
     config = text_config(model.config, ctx.entry.head.text_config_attr)
     # A named parameter of the original, or (some multimodal heads) one of its **kwargs.
     router = named if "output_router_logits" in ctx.signature.parameters else extra
-    if ctx.entry.head.router_logits_from_config and router.get("output_router_logits") is None:
+    if ctx.router_logits_from_config and router.get("output_router_logits") is None:
         router["output_router_logits"] = getattr(config, "output_router_logits", False)
     outputs = _base_call(model, ctx, named, extra)
     loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)
