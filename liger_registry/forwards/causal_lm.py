@@ -102,12 +102,13 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
     """(loss, logits) from the decoder's last hidden state, following skip_logits."""
     labels = named.get("labels")
     has_labels = labels is not None or extra.get("shift_labels") is not None
-    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels)
+    fuses = ctx.entry.flce.enabled
+    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels, fuses=fuses)
     logits_to_keep = named.get("logits_to_keep", ctx.default("logits_to_keep") or 0)
     hidden = _slice(outputs.last_hidden_state, logits_to_keep)
     head_extra = {k: extra.pop(k) for k in HEAD_EXTRA if k in extra}
     accuracy = bool(head_extra.get("return_token_accuracy")) and has_labels
-    if skip and ctx.entry.flce.enabled:
+    if skip and fuses:
         fused = fused_loss(model, ctx, hidden, labels, {**extra, "return_token_accuracy": accuracy})
         if fused is not None:
             if accuracy:
@@ -115,6 +116,9 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
                 return fused[0], None
             return fused, None
         warn_unfusable(getattr(model, ctx.entry.head.lm_head))
+        skip = resolve_skip_logits(
+            skip_logits, ctx.entry.skip_logits, model.training, has_labels, fuses=False
+        )
     head = ctx.entry.head
     config = text_config(model.config, head.text_config_attr)
     logits = postprocess_logits(
