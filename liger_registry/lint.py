@@ -179,7 +179,8 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
             findings.append(Finding("deep", where, f"{label}: apply refused the tiny model: {exc}"))
             continue
         try:
-            problems = _skip_logits_problems(model, batch, reference, entry.skip_logits)
+            fuses = handle.report.config.entry.flce.enabled
+            problems = _skip_logits_problems(model, batch, reference, entry.skip_logits, fuses)
             patched_run = lint_parity.run(model, batch, has_head=True, skip_logits=False)
             problems += lint_parity.differences(patched_run, unpatched, has_head=True)
         except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
@@ -238,13 +239,15 @@ def _no_head_findings(model, entry, where: str, registry: Registry, note_at: str
     ]
 
 
-def _skip_logits_problems(model, batch, reference, mode: str) -> list[str]:
+def _skip_logits_problems(model, batch, reference, mode: str, fuses: bool) -> list[str]:
+    """The documented skip_logits behaviours; `fuses`: the loss is fused (FLCE on), so `auto` skips in training.
+    A forward that does not fuse returns the logits it computed unless the mode is `labels`."""
     problems = []
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         model.train()
         default = model(**batch)
-        if (default.logits is None) != (mode in ("auto", "labels")):
+        if (default.logits is None) != (mode == "labels" or (mode == "auto" and fuses)):
             problems.append(
                 f"training with labels and skip_logits=None (mode {mode}): logits {'missing' if default.logits is None else 'returned'}"
             )

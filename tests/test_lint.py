@@ -8,7 +8,7 @@ import pytest
 from liger_registry import cli
 from liger_registry.forwards import register_forward
 from liger_registry.forwards import registry as forward_table
-from liger_registry.forwards.causal_lm import _base_call, _output
+from liger_registry.forwards.causal_lm import _base_call, _output, causal_lm
 from liger_registry.lint import lint_forward
 
 
@@ -72,7 +72,7 @@ def bad_family(tmp_path):
         return str(tmp_path)
 
     yield make
-    for name in ("no_skip", "ignores_skip"):
+    for name in ("no_skip", "ignores_skip", "drops_logits"):
         forward_table._FORWARDS.pop(name, None)
 
 
@@ -109,6 +109,23 @@ def test_lint_deep_exits_1_on_a_forward_that_ignores_skip_logits(bad_family, mon
     assert cli.main(["lint", "--deep", "--registry", directory, "--family", "ignores_skip"]) == 1
     out = capsys.readouterr().out
     assert "ignores_skip.yaml (deep)" in out and "logits returned" in out
+
+
+def test_lint_deep_flags_a_forward_that_drops_the_logits_it_did_not_fuse(bad_family, monkeypatch, capsys):
+    """With FLCE off, skip_logits=None in training must return the logits (as unpatched): a forward that skips
+    them anyway is right with FLCE on and wrong with it off, which the proof runs too."""
+
+    def drops_logits(self, ctx, *args, skip_logits=None, **kwargs):
+        if skip_logits is None and self.training and kwargs.get("labels") is not None:
+            skip_logits = True
+        return causal_lm(self, ctx, *args, skip_logits=skip_logits, **kwargs)
+
+    directory = bad_family("drops_logits", drops_logits)
+    build_as_llama(monkeypatch, "drops_logits")
+    assert cli.main(["lint", "--deep", "--registry", directory, "--family", "drops_logits"]) == 1
+    out = capsys.readouterr().out
+    assert "FLCE off: training with labels and skip_logits=None (mode auto): logits missing" in out
+    assert "FLCE on:" not in out
 
 
 def test_lint_deep_reports_a_crashing_forward_instead_of_crashing(bad_family, monkeypatch, capsys):

@@ -102,12 +102,13 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
     """(loss, logits) from the decoder's last hidden state, following skip_logits."""
     labels = named.get("labels")
     has_labels = labels is not None or extra.get("shift_labels") is not None
-    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels)
+    fuses = ctx.entry.flce.enabled
+    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels, fuses=fuses)
     logits_to_keep = named.get("logits_to_keep", ctx.default("logits_to_keep") or 0)
     hidden = _slice(outputs.last_hidden_state, logits_to_keep)
     head_extra = {k: extra.pop(k) for k in HEAD_EXTRA if k in extra}
     accuracy = bool(head_extra.get("return_token_accuracy")) and has_labels
-    if skip and ctx.entry.flce.enabled:
+    if skip and fuses:
         fused = fused_loss(model, ctx, hidden, labels, {**extra, "return_token_accuracy": accuracy})
         if fused is not None:
             if accuracy:
@@ -115,6 +116,9 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
                 return fused[0], None
             return fused, None
         warn_unfusable(getattr(model, ctx.entry.head.lm_head))
+        skip = resolve_skip_logits(
+            skip_logits, ctx.entry.skip_logits, model.training, has_labels, fuses=False
+        )
     head = ctx.entry.head
     config = text_config(model.config, head.text_config_attr)
     logits = postprocess_logits(
@@ -187,7 +191,7 @@ def causal_lm_moe(model, ctx: ForwardContext, *args, skip_logits: bool | None = 
     config = text_config(model.config, ctx.entry.head.text_config_attr)
     # A named parameter of the original, or (some multimodal heads) one of its **kwargs.
     router = named if "output_router_logits" in ctx.signature.parameters else extra
-    if ctx.entry.head.router_logits_from_config and router.get("output_router_logits") is None:
+    if ctx.router_logits_from_config and router.get("output_router_logits") is None:
         router["output_router_logits"] = getattr(config, "output_router_logits", False)
     outputs = _base_call(model, ctx, named, extra)
     loss, logits = head_and_loss(model, ctx, outputs, named, extra, skip_logits)

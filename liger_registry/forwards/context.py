@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import modeling_outputs
 
+from liger_registry.forwards.registry import get_forward
 from liger_registry.kernels import FlceOptions
 from liger_registry.schemas import FamilyEntry, FlceSpec
 
@@ -30,11 +31,14 @@ class ForwardContext:
     signature: inspect.Signature = field(init=False)
     output_class: type = field(init=False)
     flce_options: FlceOptions | None = field(init=False)
+    router_logits_from_config: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)
         self.output_class = self._output_class()
         self.flce_options = flce_options(self.entry.flce) if self.entry.flce.enabled else None
+        moe = get_forward(self.entry.forward).moe
+        self.router_logits_from_config = moe and reads_router_logits_from_config(self.original)
 
     def _output_class(self) -> type:
         annotation = self.signature.return_annotation
@@ -72,6 +76,18 @@ class ForwardContext:
         return (
             None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
         )
+
+
+def reads_router_logits_from_config(original: Callable) -> bool:
+    """Whether the original MoE forward falls back to `config.output_router_logits` (its own config's or its text
+    config's) when no `output_router_logits` is passed: read from its source in the installed transformers, as the
+    releases differ (JetMoE's 5.17 head defaults to False, its 5.25 head reads the config). A forward whose source
+    cannot be read follows the convention of transformers' MoE heads: it reads the config."""
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        return True
+    return "config.output_router_logits" in source
 
 
 def flce_options(flce: FlceSpec) -> FlceOptions:

@@ -21,12 +21,12 @@ def _without_logits(outputs: Any) -> Any:
 def original_head(model, ctx: ForwardContext, *args, skip_logits: bool | None = None, **kwargs):
     """For heads that FLCE cannot take (llama4's multimodal head computes its loss from logits itself).
 
-    skip_logits follows the documented contract: True without labels raises, True (or None resolving to skip)
-    returns the loss and no logits, False returns the logits.
+    skip_logits follows the documented contract for a forward that does not fuse: True without labels raises,
+    True (or None under a `labels` default) returns the loss and no logits, otherwise the logits come back.
     """
     named, extra = ctx.bind(model, args, kwargs)
     has_labels = named.get("labels") is not None or extra.get("shift_labels") is not None
-    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels)
+    skip = resolve_skip_logits(skip_logits, ctx.entry.skip_logits, model.training, has_labels, fuses=False)
     tuple_out = named.get("return_dict") is False
     if tuple_out:
         kwargs = {**kwargs, "return_dict": True}

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 
-def resolve_skip_logits(skip_logits: bool | None, mode: str, training: bool, has_labels: bool) -> bool:
-    """Whether to return no logits (and, when the family's FLCE is on, compute the loss without them).
+def resolve_skip_logits(
+    skip_logits: bool | None, mode: str, training: bool, has_labels: bool, *, fuses: bool = True
+) -> bool:
+    """Whether to return no logits (and, when the loss is fused, compute it without them).
 
-    None follows the mode: `auto` skips in training mode when labels are given, `labels` whenever labels
-    are given, `never` always materialises logits. True without labels is an error: there is no loss to compute.
-    With FLCE off ("never fuse") the answer means the same to the caller: True gives the loss, computed from
-    materialised logits, and no logits; False gives the logits and the loss.
+    None follows the mode: `auto` skips in training mode when labels are given and the forward fuses the loss
+    (`fuses`: FLCE on and a head it can read); a forward that does not fuse returns the logits it computed, as
+    the unpatched model does. `labels` skips whenever labels are given, `never` always materialises logits.
+    True without labels is an error: there is no loss to compute. Without fusing, True gives the loss, computed
+    from materialised logits, and no logits; False gives the logits and the loss.
     """
     if skip_logits is None:
         if mode == "auto":
-            return training and has_labels
+            return training and has_labels and fuses
         if mode == "labels":
             return has_labels
         if mode == "never":

@@ -131,7 +131,5 @@ def decide_head(
     if source_mentions(source.causal_lm, "load_balancing_loss_func"):
         if moe_names := _router_loss_names(model, source, config):
             head["moe"] = moe_names
-        forward = "causal_lm_moe"
-        if not source_mentions(source.causal_lm, "config.output_router_logits"):
-            head["router_logits_from_config"] = False
+        forward = "causal_lm_moe"  # it reads whether the original falls back to the config's router switch
     return HeadDecision(forward, head, roles)

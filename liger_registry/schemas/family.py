@@ -166,10 +166,6 @@ class HeadSpec(StrictModel):
         description="Config attributes named above that may be absent from the language config (a multimodal "
         "family whose text model varies); any other named attribute must exist, checked at apply and by lint.",
     )
-    router_logits_from_config: StrictBool = Field(
-        True,
-        description="MoE: output_router_logits=None falls back to config.output_router_logits, as the original does.",
-    )
     text_config_attr: str | None = Field(
         None, description="Config attribute holding the language model's config (multimodal families)."
     )

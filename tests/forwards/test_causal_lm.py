@@ -23,19 +23,23 @@ def pair():
 
 
 @pytest.mark.parametrize(
-    "skip, mode, training, labels, expected",
+    "skip, mode, training, labels, fuses, expected",
     [
-        (None, "auto", True, True, True),
-        (None, "auto", False, True, False),
-        (None, "auto", True, False, False),
-        (None, "labels", False, True, True),
-        (None, "never", True, True, False),
-        (False, "auto", True, True, False),
-        (True, "never", False, True, True),
+        (None, "auto", True, True, True, True),
+        (None, "auto", False, True, True, False),
+        (None, "auto", True, False, True, False),
+        (None, "labels", False, True, True, True),
+        (None, "never", True, True, True, False),
+        (False, "auto", True, True, True, False),
+        (True, "never", False, True, True, True),
+        # a forward that does not fuse returns the logits it computed, unless asked (or the mode says labels)
+        (None, "auto", True, True, False, False),
+        (None, "labels", True, True, False, True),
+        (True, "auto", True, True, False, True),
     ],
 )
-def test_resolve_skip_logits(skip, mode, training, labels, expected):
-    assert resolve_skip_logits(skip, mode, training, labels) is expected
+def test_resolve_skip_logits(skip, mode, training, labels, fuses, expected):
+    assert resolve_skip_logits(skip, mode, training, labels, fuses=fuses) is expected
 
 
 def test_skip_logits_true_without_labels_is_an_error(pair):

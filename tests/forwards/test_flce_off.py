@@ -11,14 +11,16 @@ from liger_registry.testing import tiny_batch, tiny_model
 
 
 def _check_contract(model, reference, batch):
-    """The four documented behaviours, with the unpatched model's loss as the reference."""
+    """The four documented behaviours of a forward that does not fuse, with the unpatched model as the reference."""
     no_labels = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
         model.train(), reference.train()
-        expected = reference(**batch).loss
-        default = model(**batch)  # auto: skip in training with labels
-        assert default.logits is None
-        torch.testing.assert_close(default.loss, expected)
+        expected = reference(**batch)
+        default = model(**batch)  # auto, nothing fused: the logits it computed come back, as unpatched
+        assert default.logits is not None, "skip_logits=None with FLCE off dropped the logits in training"
+        torch.testing.assert_close(default.logits, expected.logits)
+        torch.testing.assert_close(default.loss, expected.loss)
+        expected = expected.loss
         kept = model(**batch, skip_logits=False)
         assert kept.logits is not None
         torch.testing.assert_close(kept.loss, expected)
@@ -37,6 +39,21 @@ def test_llama_with_flce_off_installs_the_forward_and_honours_skip_logits():
         assert handle.report.counts()["forward"] == 1
         assert "fused_linear_cross_entropy" in handle.report.skipped
         _check_contract(model, reference, tiny_batch(model))
+
+
+@pytest.mark.parametrize("off_by", ["override", "policy"])
+def test_labels_mode_drops_the_logits_with_flce_off_too(off_by, tmp_path):
+    """Only an explicit skip_logits=True or a `labels` default drops the logits of a forward that does not fuse."""
+    reference, model = tiny_model("llama"), tiny_model("llama")
+    batch = tiny_batch(model)
+    policy = tmp_path / "off.yaml"
+    policy.write_text("policy: logits\napplies_to: [llama]\nreason: with logits\nflce: {enabled: false}\n")
+    flce_off = {"fused_linear_cross_entropy": False} if off_by == "override" else {"policy": str(policy)}
+    with liger_registry.patched(model, skip_logits="labels", **flce_off), torch.no_grad():
+        model.train(), reference.train()
+        out = model(**batch)
+        assert out.logits is None
+        torch.testing.assert_close(out.loss, reference(**batch).loss)
 
 
 def test_llama4_head_gets_the_original_head_forward(monkeypatch):
