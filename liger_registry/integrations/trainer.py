@@ -10,9 +10,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from liger_registry.integrations.liger_config import overrides_from_liger_kernel_config
+from liger_registry.integrations.trainer_apply import apply_liger_kernel_config
 from liger_registry.integrations.trainer_flag import flag_routed
-from liger_registry.registry.applier import PatchHandle, apply, patch_handle
-from liger_registry.registry.configure import model_type_of, unwrap_model
+from liger_registry.registry.applier import PatchHandle, patch_handle
+from liger_registry.registry.configure import unwrap_model
 from liger_registry.registry.errors import RegistryError
 
 
@@ -26,6 +27,8 @@ class LigerRegistryCallback(TrainerCallback):
     `liger_kernel_config`, the dict users pass to TrainingArguments, translated to overrides. The Trainer's own
     `args.liger_kernel_config` is read too (keys given to the callback win); `args.use_liger_kernel=True` is
     refused unless training runs inside `use_liger_kernel_flag()` (else Trainer would apply liger-kernel too).
+    A model already patched keeps its patch when it agrees with every key asked, else a PatchError names the
+    difference (the rule of `use_liger_kernel_flag`).
     """
 
     def __init__(
@@ -63,14 +66,16 @@ class LigerRegistryCallback(TrainerCallback):
     def patch(self, model: Any) -> PatchHandle | None:
         if model is None:
             return None
-        inner = unwrap_model(model)
-        existing = patch_handle(inner)
-        if existing is not None:
-            return existing
-        config = {**self.args_config, **self.liger_kernel_config}
-        from_config = overrides_from_liger_kernel_config(config, model_type_of(inner))
-        handle = apply(inner, policy=self.policy, strict=self.strict, **{**from_config, **self.overrides})
-        self.handles.append(handle)
+        handle, installed = apply_liger_kernel_config(
+            model,
+            {**self.args_config, **self.liger_kernel_config},
+            policy=self.policy,
+            strict=self.strict,
+            overrides=self.overrides,
+            source="LigerRegistryCallback",
+        )
+        if installed:
+            self.handles.append(handle)
         return handle
 
     def on_init_end(self, args, state, control, model=None, **kwargs):
