@@ -109,7 +109,8 @@ def _culprit(exc: yaml.YAMLError, lines: list[str]) -> int | None:
     """The 0-based line to leave out for `exc`: where the flow collection the parser gave up on was opened,
     else where it stopped (the nearest written line at or above it); None when there is none."""
     flow = (getattr(exc, "context", None) or "").startswith(_FLOW)
-    mark = getattr(exc, "context_mark" if flow else "problem_mark", None) or getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem_mark", None)
+    mark = (getattr(exc, "context_mark", None) if flow else None) or problem
     if mark is None:
         return None
     line = min(mark.line, len(lines) - 1)
