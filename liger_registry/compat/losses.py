@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from liger_registry import kernels
-from liger_registry.kernels.ce_torch import check_ce_options
 from liger_registry.kernels.flce_options import OPTION_FIELDS, FlceOptions
 
 RENAMED = {"weight": "class_weights", "ce_weight": "class_weights"}
@@ -49,14 +48,17 @@ def kernel_kwargs(kernel: Callable, reference: Callable, given: dict[str, Any]) 
     return out
 
 
-def _split_flce(kwargs: dict[str, Any]) -> tuple[FlceOptions, dict[str, Any]]:
-    """FlceOptions (validated now) and the call's other keywords."""
-    options = {k: v for k, v in kwargs.items() if k in OPTION_FIELDS}
-    return FlceOptions(**options), {k: v for k, v in kwargs.items() if k not in OPTION_FIELDS}
+def _validated(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords, once FlceOptions has checked the option values among them (both CE kernels share its
+    checks), so a bad value is refused at construction as the reference does."""
+    FlceOptions(**{k: v for k, v in kwargs.items() if k in OPTION_FIELDS})
+    return kwargs
 
 
 class LigerCrossEntropyLoss(nn.Module):
-    """liger-kernel's `LigerCrossEntropyLoss`: `forward(_input [N, V], target [N])` on `kernels.cross_entropy`."""
+    """liger-kernel's `LigerCrossEntropyLoss`: `forward(_input [N, V], target [N])` on `kernels.cross_entropy`.
+
+    The arguments are read once, at construction, into `kernel_kwargs` (the kernel's keywords)."""
 
     def __init__(
         self,
@@ -72,17 +74,19 @@ class LigerCrossEntropyLoss(nn.Module):
     ):
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        check_ce_options(label_smoothing, softcap, reduction)
-        self.weight = weight
-        self.options = kernel_kwargs(kernels.cross_entropy, LigerCrossEntropyLoss.__init__, given)
+        self.kernel_kwargs = _validated(
+            kernel_kwargs(kernels.cross_entropy, LigerCrossEntropyLoss.__init__, given)
+        )
 
     def forward(self, _input: torch.Tensor, target: torch.Tensor):
-        return kernels.cross_entropy(_input, target, **self.options)
+        return kernels.cross_entropy(_input, target, **self.kernel_kwargs)
 
 
 class LigerFusedLinearCrossEntropyLoss(nn.Module):
     """liger-kernel's `LigerFusedLinearCrossEntropyLoss`: `forward(lin_weight [V, H], _input [N, H], target [N],
-    bias=None)` on `kernels.fused_linear_cross_entropy` (the logits are never materialised)."""
+    bias=None)` on `kernels.fused_linear_cross_entropy` (the logits are never materialised).
+
+    The arguments are read once, at construction, into `kernel_kwargs` (the kernel's keywords)."""
 
     def __init__(
         self,
@@ -100,16 +104,11 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
     ):
         given = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        self.ce_weight = ce_weight
-        kwargs = kernel_kwargs(
-            kernels.fused_linear_cross_entropy, LigerFusedLinearCrossEntropyLoss.__init__, given
-        )
-        self.flce_options, self.options = _split_flce(kwargs)
+        reference = LigerFusedLinearCrossEntropyLoss.__init__
+        self.kernel_kwargs = _validated(kernel_kwargs(kernels.fused_linear_cross_entropy, reference, given))
 
     def forward(self, lin_weight: torch.Tensor, _input: torch.Tensor, target: torch.Tensor, bias=None):
-        return kernels.fused_linear_cross_entropy(
-            _input, lin_weight, target, bias, options=self.flce_options, **self.options
-        )
+        return kernels.fused_linear_cross_entropy(_input, lin_weight, target, bias, **self.kernel_kwargs)
 
 
 def liger_cross_entropy(
