@@ -556,3 +556,25 @@ def test_every_documented_switch_is_a_liger_kernel_config_key():
     documented = {p for params in DOCUMENTED_APPLY.values() for p, _ in params} - {"model", "**kwargs"}
     assert documented <= set(LIGER_KEYS)
     assert overrides_from_liger_kernel_config({"relu_squared": False}, "nemotron") == {"relu_squared": False}
+
+
+def test_auto_model_refuses_a_switch_the_type_lacks_before_loading(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    _save_tiny_llama(tmp_path)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_load)
+    with pytest.raises(TypeError, match="'geglu'"):
+        compat.AutoLigerKernelForCausalLM.from_pretrained(tmp_path, geglu=False)
+
+
+def test_switches_a_function_forwards_reach_apply_class_wide():
+    handle = compat.apply_liger_kernel_to_llava(rms_norm=False, fused_linear_cross_entropy=False)
+    try:
+        assert handle.report.family == "llava" and handle.report.scope == "class-wide"
+        assert _overrides(handle) == {"rms_norm": False, "fused_linear_cross_entropy": False}
+    finally:
+        handle.revert()

@@ -12,7 +12,7 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 import liger_registry
-from liger_registry.compat.entry_points import SWITCHES, apply_liger_kernel_to
+from liger_registry.compat.entry_points import SWITCHES, switches_for
 
 
 def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -23,8 +23,10 @@ def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
-def _check_served(model_type: str) -> None:
+def _checked(model_type: str, switches: dict[str, Any]) -> dict[str, Any]:
+    """The switches, once the model type is known to be served and they are ones it takes (before loading)."""
     liger_registry.load_registry().family_for(model_type)  # UnsupportedModelError naming the served types
+    return switches_for(model_type, switches, "AutoLigerKernelForCausalLM")
 
 
 class AutoLigerKernelForCausalLM(AutoModelForCausalLM):
@@ -36,15 +38,15 @@ class AutoLigerKernelForCausalLM(AutoModelForCausalLM):
         config = rest.get("config")
         if not isinstance(config, PretrainedConfig):
             config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **rest)
-        _check_served(config.model_type)
+        switches = _checked(config.model_type, switches)
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **rest)
-        apply_liger_kernel_to(model, **switches)
+        liger_registry.apply(model, **switches)
         return model
 
     @classmethod
     def from_config(cls, config, **kwargs):
         switches, rest = _split(kwargs)
-        _check_served(config.model_type)
+        switches = _checked(config.model_type, switches)
         model = super().from_config(config, **rest)
-        apply_liger_kernel_to(model, **switches)
+        liger_registry.apply(model, **switches)
         return model

@@ -205,16 +205,19 @@ MODEL_TYPE_TO_APPLY_LIGER_FN: dict[str, Any] = {
 }
 
 
-def apply_liger_kernel_to(model_or_model_type: Any, **liger_kwargs: Any):
-    """The reference's `_apply_liger_kernel(model_type, **kw)` and `_apply_liger_kernel_to_instance(model, **kw)`
-    in one: a model (or model type, class-wide) and the reference's kernel switches as `apply` overrides.
-
-    The switches a model type's reference function takes are accepted (any switch for a model type the
-    reference does not serve); another name is a TypeError, never filtered away as the reference does.
-    """
-    is_type = isinstance(model_or_model_type, str)
-    model_type = model_or_model_type if is_type else liger_registry.model_type_of(model_or_model_type)
+def switches_for(
+    model_type: str, liger_kwargs: dict[str, Any], function: str = "apply_liger_kernel_to"
+) -> dict:
+    """The switches a model type's reference function takes (any switch for a model type the reference does
+    not serve), checked: another name is a TypeError, never filtered away as the reference does."""
     entry = BY_MODEL_TYPE.get(model_type)
     allowed = SWITCHES if entry is None or entry.forwards_kwargs else entry.switches
-    switches = check_switches("apply_liger_kernel_to", liger_kwargs, allowed)
-    return liger_registry.apply(model_or_model_type, **switches)
+    return check_switches(function, liger_kwargs, allowed)
+
+
+def apply_liger_kernel_to(model_or_model_type: Any, **liger_kwargs: Any):
+    """The reference's `_apply_liger_kernel(model_type, **kw)` and `_apply_liger_kernel_to_instance(model, **kw)`
+    in one: a model (or a model type, class-wide) and the reference's kernel switches as `apply` overrides."""
+    is_type = isinstance(model_or_model_type, str)
+    model_type = model_or_model_type if is_type else liger_registry.model_type_of(model_or_model_type)
+    return liger_registry.apply(model_or_model_type, **switches_for(model_type, liger_kwargs))
