@@ -288,6 +288,17 @@ def test_without_a_model_the_classes_are_patched_and_revert():
     assert ml.LlamaMLP.forward is mlp
 
 
+def test_after_the_class_wide_form_an_instance_cannot_switch_a_kernel_off():
+    handle = compat.apply_liger_kernel_to_llama()
+    model = tiny_model("llama")
+    try:
+        with pytest.raises(liger_registry.PatchError, match=r"rms_norm=off.*apply\('llama'\)"):
+            compat.apply_liger_kernel_to_llama(model=model, rms_norm=False)
+        assert liger_registry.patch_handle(model) is None
+    finally:
+        handle.revert()
+
+
 def test_apply_liger_kernel_to_takes_a_model_type_class_wide():
     handle = compat.apply_liger_kernel_to("llama", swiglu=False)
     try:
