@@ -26,6 +26,11 @@ from liger_registry.testing import tiny_model
 trl = pytest.importorskip("trl")
 
 DECODER_KERNELS = {"rms_norm", "rope", "swiglu"}
+# on CUDA the decoder kernels run their Triton code (the H200 check of this route)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
 
 
 def tokenizer(vocab: int) -> PreTrainedTokenizerFast:
@@ -106,12 +111,13 @@ def logged(trainer, key: str) -> list[float]:
     ],
     ids=["sft", "dpo", "grpo"],
 )
-def test_trl_use_liger_kernel_trains_through_the_flag_route(tmp_path, build, metrics):
-    reference = build(tmp_path, tiny_model("llama"))
+@pytest.mark.parametrize("device", DEVICES)
+def test_trl_use_liger_kernel_trains_through_the_flag_route(tmp_path, build, metrics, device):
+    reference = build(tmp_path, tiny_model("llama"), use_cpu=device == "cpu")
     reference.train()
     model = tiny_model("llama")
     with use_liger_kernel_flag() as handles:
-        trainer = build(tmp_path, model, use_liger_kernel=True)
+        trainer = build(tmp_path, model, use_liger_kernel=True, use_cpu=device == "cpu")
         trainer.train()
     try:
         assert len(handles) == 1 and L.patch_handle(model) is handles[0]
