@@ -218,3 +218,14 @@ def test_the_callback_with_strict_false_leaves_an_unsupported_model_unpatched(tm
         trainer = Trainer(model=model, args=args(tmp_path), train_dataset=rows(model), callbacks=[callback])
         trainer.train()
     assert callback.handles == [] and L.patch_handle(model) is None
+
+
+def test_the_flags_own_overrides_count_as_asked(tmp_path):
+    model = tiny_model("llama")
+    handle = L.apply(model)
+    trainer = Trainer(model=model, args=args(tmp_path, use_liger_kernel=True), train_dataset=rows(model))
+    with use_liger_kernel_flag(chunk_mem_const=8), pytest.raises(L.PatchError) as info:
+        trainer.train()
+    assert "flce.chunk_mem_const: patched 1, asked 8" in str(info.value)
+    assert L.patch_handle(model) is handle
+    handle.revert()
