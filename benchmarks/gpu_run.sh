@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the wheels carried in .whl/, then the chosen parts; one log + JSON/PNG under $OUT
-# (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json).
+# (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json,
+# compile.json).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
 #   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
 #   parity         bf16 GPU parity suite (tests/convergence -k gpu), strategy as planned
@@ -8,10 +9,11 @@
 #   flce / flce-quick   benchmarks/bench_flce.py (full sweep < 6 min / ~1 min subset)
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
 #   ops            benchmarks/bench_ops.py
+#   compile        benchmarks/compile_families.py (every family's tiny model, inductor vs eager; one run, 8 worker processes)
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
-# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..."; per-part time limits: T_<PART> seconds,
+# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -55,6 +57,8 @@ for p in ${*:-tests flce e2e}; do
     e2e-quick) part e2e-quick "${T_E2E:-300}" 30 \
                  python3 benchmarks/bench_e2e.py --quick --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
+    compile) t=$(( ${T_COMPILE:-300} < $(left) ? ${T_COMPILE:-300} : $(left) ))
+             part compile "$t" 85 python3 benchmarks/compile_families.py --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \
                    "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048" ;;
     probe-rows) part probe-rows "${T_PROBE:-120}" 12 python3 benchmarks/probe_row_stats.py ;;

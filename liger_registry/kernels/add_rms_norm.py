@@ -32,16 +32,7 @@ class AddRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps: float, offset: float, casting_mode: str):
-        s, y, rstd = _ops.call(
-            _ops.add_rms_norm_fwd_op,
-            _ops._add_rms_norm_fwd_launch,
-            x,
-            residual,
-            weight,
-            eps,
-            offset,
-            casting_mode,
-        )
+        s, y, rstd = _ops.add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
         ctx.save_for_backward(s, weight, rstd)
         ctx.args = (offset, casting_mode)
         ctx.dtypes = (x.dtype, residual.dtype)
@@ -54,17 +45,7 @@ class AddRMSNormFunction(torch.autograd.Function):
         need_dw = ctx.needs_input_grad[2]
         if ds is None and dy is None:
             return None, None, None, None, None, None
-        d, dw = _ops.call(
-            _ops.add_rms_norm_bwd_op,
-            _ops._add_rms_norm_bwd_launch,
-            dy,
-            ds,
-            s,
-            weight,
-            rstd,
-            *ctx.args,
-            need_dw,
-        )
+        d, dw = _ops.add_rms_norm_bwd(dy, ds, s, weight, rstd, *ctx.args, need_dw)
         if not need_dw:
             dw = None
         elif dy is None:  # only the sum's gradient came back: the weight's is zero

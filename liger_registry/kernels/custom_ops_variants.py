@@ -18,9 +18,13 @@ from .custom_ops import NS
 from .triton_rope_variants import rope_out_like
 
 
-def call(op, launcher, *args):
-    """The custom op under torch.compile, the launcher itself eagerly."""
-    return op(*args) if torch.compiler.is_compiling() else launcher(*args)
+def _dispatching(op, launcher):
+    """A call of the custom op under torch.compile, of the launcher itself eagerly."""
+
+    def run(*args):
+        return op(*args) if torch.compiler.is_compiling() else launcher(*args)
+
+    return run
 
 
 # ---------------------------------------------------------------- rope variants
@@ -143,3 +147,11 @@ add_rms_norm_bwd_op = torch.library.custom_op(
 def _(dy, ds, s, weight, rstd, offset, casting_mode, need_dw):
     dw = weight.new_empty(weight.shape) if (need_dw and dy is not None) else weight.new_empty(0)
     return s.new_empty(s.shape), dw
+
+
+rope_variant = _dispatching(rope_variant_op, _rope_variant_launch)
+gate_up_fwd = _dispatching(gate_up_fwd_op, _gate_up_fwd_launch)
+gate_up_bwd = _dispatching(gate_up_bwd_op, _gate_up_bwd_launch)
+relu_squared = _dispatching(relu_squared_op, _relu_squared_launch)
+add_rms_norm_fwd = _dispatching(add_rms_norm_fwd_op, _add_rms_norm_fwd_launch)
+add_rms_norm_bwd = _dispatching(add_rms_norm_bwd_op, _add_rms_norm_bwd_launch)

@@ -59,12 +59,12 @@ class GateUpFunction(torch.autograd.Function):
     def forward(ctx, gate_up, kind: str, limit: float, alpha: float):
         ctx.save_for_backward(gate_up)
         ctx.args = (kind, limit, alpha)
-        return _ops.call(_ops.gate_up_fwd_op, _ops._gate_up_fwd_launch, gate_up, kind, limit, alpha)
+        return _ops.gate_up_fwd(gate_up, kind, limit, alpha)
 
     @staticmethod
     def backward(ctx, dout):
         (gate_up,) = ctx.saved_tensors
-        dgu = _ops.call(_ops.gate_up_bwd_op, _ops._gate_up_bwd_launch, dout, gate_up, *ctx.args)
+        dgu = _ops.gate_up_bwd(dout, gate_up, *ctx.args)
         return dgu, None, None, None
 
 
@@ -74,12 +74,12 @@ class ReluSquaredFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return _ops.call(_ops.relu_squared_op, _ops._relu_squared_launch, x, None)
+        return _ops.relu_squared(x, None)
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        return _ops.call(_ops.relu_squared_op, _ops._relu_squared_launch, x, dy)
+        return _ops.relu_squared(x, dy)
 
 
 def glu_fused_triton(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:

@@ -112,10 +112,7 @@ class RopeVariantFunction(torch.autograd.Function):
         ctx.dtypes = (q.dtype, k.dtype)
         ctx.shapes = (q.shape, k.shape)
         ctx.set_materialize_grads(False)
-        opts = ctx.opts
-        return _ops.call(
-            _ops.rope_variant_op, _ops._rope_variant_launch, q, k, cos, sin, *opts, qd, kd, False
-        )
+        return _ops.rope_variant(q, k, cos, sin, *ctx.opts, qd, kd, False)
 
     @staticmethod
     def backward(ctx, dq, dk):
@@ -124,9 +121,7 @@ class RopeVariantFunction(torch.autograd.Function):
             dq = cos.new_zeros(ctx.shapes[0], dtype=ctx.dtypes[0])
         if dk is None:
             dk = cos.new_zeros(ctx.shapes[1], dtype=ctx.dtypes[1])
-        gq, gk = _ops.call(
-            _ops.rope_variant_op, _ops._rope_variant_launch, dq, dk, cos, sin, *ctx.opts, *ctx.dtypes, True
-        )
+        gq, gk = _ops.rope_variant(dq, dk, cos, sin, *ctx.opts, *ctx.dtypes, True)
         return gq, gk, None, None, None, None, None
 
 
