@@ -36,8 +36,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument(
-        "--budget-s", type=float, default=280.0, help="start no family after this many seconds"
+        "--budget-s", type=float, default=280.0, help="report no family after this many seconds"
     )
+    parser.add_argument("--workers", type=int, default=1, help="processes compiling families side by side")
     parser.add_argument(
         "--json", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "compile.json")
     )
