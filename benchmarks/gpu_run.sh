@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the wheels carried in .whl/, then the chosen parts; one log + JSON/PNG under $OUT
-# (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json).
+# (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json,
+# compile.json).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
 #   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
 #   parity         bf16 GPU parity suite (tests/convergence -k gpu, without the with-logits runs), strategy as planned
@@ -10,10 +11,11 @@
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
 #   e2e-compile    bench_e2e.py: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts
 #   ops            benchmarks/bench_ops.py
+#   compile        benchmarks/compile_families.py (every family's tiny model, inductor vs eager; one run, 8 worker processes)
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
-# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..."; per-part time limits: T_<PART> seconds,
+# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -62,6 +64,8 @@ for p in ${*:-tests flce e2e}; do
     e2e-compile) part e2e-compile "${T_E2E:-400}" 30 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) \
                    --layers 2 --tokens 4096 --repeats 1 --methods hf,hf_compile,ours,ours_compile,liger $E2E_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
+    compile) t=$(( ${T_COMPILE:-300} < $(left) ? ${T_COMPILE:-300} : $(left) ))
+             part compile "$t" 85 python3 benchmarks/compile_families.py --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \
                    "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048" ;;
     probe-rows) part probe-rows "${T_PROBE:-120}" 12 python3 benchmarks/probe_row_stats.py ;;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,3 +79,79 @@ def tiny_batch(model, batch: int = 2, seq: int = 16, seed: int = 0) -> dict[str,
     vocab = model.config.get_text_config().vocab_size
     input_ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": torch.ones_like(input_ids)}
+
+
+def _step_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The training loss of one forward; a model without a loss (no causal-LM head): mean square of its output."""
+    out = model(**batch)
+    loss = getattr(out, "loss", None)
+    return loss if loss is not None else out[0].float().square().mean()
+
+
+def loss_and_grads(call, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward and backward through ``call`` (the model or a compiled wrapper of it): loss, gradients."""
+    model.zero_grad(set_to_none=True)
+    loss = _step_loss(call, batch)
+    loss.backward()
+    return loss.detach(), {
+        n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want|| / ||want||`` in fp32 (the absolute norm when ``want`` is zero)."""
+    diff = (got.float() - want.float()).norm().item()
+    scale = want.float().norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+@dataclass
+class CompileCheck:
+    """A patched tiny model compiled against the same model eager: one training step's loss and gradients."""
+
+    family: str
+    loss_rel: float = float("nan")
+    grad_rel: float = float("nan")  # the worst parameter's
+    compile_s: float = float("nan")  # the first compiled step (compiling forward and backward)
+    error: str | None = None
+
+    def ok(self, loss_tol: float, grad_tol: float) -> bool:
+        return self.error is None and self.loss_rel <= loss_tol and self.grad_rel <= grad_tol
+
+
+def compile_check(
+    model_type: str,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    backend: str = "inductor",
+    registry: Registry | None = None,
+) -> CompileCheck:
+    """Patch the family's tiny model, take one step eagerly and one through ``torch.compile(model)``, and compare.
+
+    Exceptions of the patched or compiled model are recorded in ``error``; the dynamo caches are reset first.
+    """
+    import liger_registry as L
+
+    registry = registry or load_registry()
+    family = registry.family_for(model_type).entry.family
+    model = tiny_model(model_type, dtype=dtype, registry=registry).to(device).train()
+    batch = {k: v.to(device) for k, v in tiny_batch(model).items()}
+    batch["labels"][:, :3] = -100
+    check = CompileCheck(family)
+    try:
+        with L.patched(model, registry=registry):
+            eager_loss, eager_grads = loss_and_grads(model, model, batch)
+            torch._dynamo.reset()
+            start = time.perf_counter()
+            loss, grads = loss_and_grads(torch.compile(model, backend=backend), model, batch)
+            check.compile_s = time.perf_counter() - start
+    except Exception as exc:  # a family's failure is its row of the report, not the end of the run
+        check.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return check
+    if grads.keys() != eager_grads.keys():
+        check.error = f"gradients of different parameters: {sorted(grads.keys() ^ eager_grads.keys())[:3]}"
+        return check
+    check.loss_rel = rel_diff(loss, eager_loss)
+    check.grad_rel = max((rel_diff(grads[n], g) for n, g in eager_grads.items()), default=0.0)
+    return check

@@ -14,9 +14,9 @@ from .op import Op, register
 from .torch_impl import rms_norm_torch
 
 try:
-    from . import triton_add_rms_norm as _tk
+    from . import custom_ops_variants as _ops
 except ImportError:  # pragma: no cover - no triton: torch only
-    _tk = None
+    _ops = None
 
 ADD_RMS_MODES = ("llama", "gemma")
 
@@ -32,7 +32,7 @@ class AddRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, eps: float, offset: float, casting_mode: str):
-        s, y, rstd = _tk.add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
+        s, y, rstd = _ops.add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
         ctx.save_for_backward(s, weight, rstd)
         ctx.args = (offset, casting_mode)
         ctx.dtypes = (x.dtype, residual.dtype)
@@ -45,8 +45,10 @@ class AddRMSNormFunction(torch.autograd.Function):
         need_dw = ctx.needs_input_grad[2]
         if ds is None and dy is None:
             return None, None, None, None, None, None
-        d, dw = _tk.add_rms_norm_bwd(dy, ds, s, weight, rstd, *ctx.args, need_dw)
-        if need_dw and dw is None:
+        d, dw = _ops.add_rms_norm_bwd(dy, ds, s, weight, rstd, *ctx.args, need_dw)
+        if not need_dw:
+            dw = None
+        elif dy is None:  # only the sum's gradient came back: the weight's is zero
             dw = torch.zeros_like(weight)
         # as autograd's own add does, x and residual receive the same gradient tensor
         return d.to(ctx.dtypes[0]), d.to(ctx.dtypes[1]), dw, None, None, None
@@ -57,7 +59,7 @@ def add_rms_norm_triton(x, residual, weight, eps: float, offset: float = 0.0, ca
 
 
 ADD_RMS_NORM = register(
-    Op("add_rms_norm", torch_impl=add_rms_norm_torch, triton_impl=add_rms_norm_triton if _tk else None)
+    Op("add_rms_norm", torch_impl=add_rms_norm_torch, triton_impl=add_rms_norm_triton if _ops else None)
 )
 
 

@@ -260,9 +260,10 @@ def layer_norm_triton(x, weight, bias, eps):
 
 
 # ---------------------------------------------------------------- RoPE
-# Outputs keep the layout of q / k (``rope_out_like``): attention passes transposed views of its projections and
-# HF's function returns that layout, which the attention kernel (and the KV cache) then reads; a contiguous
-# output would cost SDPA a transpose copy. The torch branch's result is put in that layout when it differs.
+# Outputs keep the layout of q / k (``rope_out_like``), as HF's function does: attention passes transposed views
+# of its projections, and what follows (the attention kernel, the KV cache, a seq-first family's transpose back)
+# sees the layout it sees unpatched. The kernel writes fresh outputs in any layout at no cost; the torch branch's
+# result is put in that layout when it differs.
 def _in_rope_layout(result: Tensor, x: Tensor) -> Tensor:
     out = rope_out_like(x, result.dtype)
     return result if out.stride() == result.stride() else out.copy_(result)

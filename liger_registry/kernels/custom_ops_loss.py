@@ -1,4 +1,9 @@
-"""``torch.library`` custom ops of the losses: cross entropy rows, FLCE forward/backward, fused linear JSD."""
+"""``torch.library`` custom ops of the losses: cross entropy rows, FLCE forward/backward, fused linear JSD.
+
+Layouts: every output is a fresh tensor, written contiguous whatever the inputs' layouts (logits or hidden rows
+with a larger stride, a transposed view): the gradients are read back row by row, and the fakes say exactly that
+(``tests/kernels/test_opcheck.py`` checks them on both backends).
+"""
 
 from __future__ import annotations
 

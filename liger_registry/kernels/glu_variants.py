@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from .op import Op, register
 
 try:
-    from . import triton_glu_variants as _tk
+    from . import custom_ops_variants as _ops
 except ImportError:  # pragma: no cover - no triton: torch only
-    _tk = None
+    _ops = None
 
 GLU_KINDS = ("swiglu", "geglu")
 
@@ -59,12 +59,13 @@ class GateUpFunction(torch.autograd.Function):
     def forward(ctx, gate_up, kind: str, limit: float, alpha: float):
         ctx.save_for_backward(gate_up)
         ctx.args = (kind, limit, alpha)
-        return _tk.gate_up_fwd(gate_up, kind, limit, alpha)
+        return _ops.gate_up_fwd(gate_up, kind, limit, alpha)
 
     @staticmethod
     def backward(ctx, dout):
         (gate_up,) = ctx.saved_tensors
-        return _tk.gate_up_bwd(dout, gate_up, *ctx.args), None, None, None
+        dgu = _ops.gate_up_bwd(dout, gate_up, *ctx.args)
+        return dgu, None, None, None
 
 
 class ReluSquaredFunction(torch.autograd.Function):
@@ -73,12 +74,12 @@ class ReluSquaredFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return _tk.relu_squared_apply(x)
+        return _ops.relu_squared(x, None)
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        return _tk.relu_squared_apply(x, dy)
+        return _ops.relu_squared(x, dy)
 
 
 def glu_fused_triton(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:
@@ -90,13 +91,13 @@ def swiglu_clamped_triton(gate_up: torch.Tensor, limit: float, alpha: float) -> 
 
 
 GLU_FUSED = register(
-    Op("glu_fused", torch_impl=glu_fused_torch, triton_impl=glu_fused_triton if _tk else None)
+    Op("glu_fused", torch_impl=glu_fused_torch, triton_impl=glu_fused_triton if _ops else None)
 )
 SWIGLU_CLAMPED = register(
-    Op("swiglu_clamped", torch_impl=swiglu_clamped_torch, triton_impl=swiglu_clamped_triton if _tk else None)
+    Op("swiglu_clamped", torch_impl=swiglu_clamped_torch, triton_impl=swiglu_clamped_triton if _ops else None)
 )
 RELU_SQUARED = register(
-    Op("relu_squared", torch_impl=relu_squared_torch, triton_impl=ReluSquaredFunction.apply if _tk else None)
+    Op("relu_squared", torch_impl=relu_squared_torch, triton_impl=ReluSquaredFunction.apply if _ops else None)
 )
 
 

@@ -24,9 +24,9 @@ import torch
 from .op import Op, register
 
 try:
-    from . import triton_rope_variants as _tk
+    from . import custom_ops_variants as _ops
 except ImportError:  # pragma: no cover - no triton: torch only
-    _tk = None
+    _ops = None
 
 
 def rotary_dim_of(cos: torch.Tensor, cos_per_pair: bool) -> int:
@@ -108,11 +108,11 @@ class RopeVariantFunction(torch.autograd.Function):
         rot = rotary_dim_of(cos, cos_per_pair)
         qd, kd = _out_dtypes(q, k, cos, upcast)
         ctx.save_for_backward(cos, sin)
-        ctx.opts = dict(rotary_dim=rot, interleaved=interleaved, cos_per_pair=cos_per_pair)
+        ctx.opts = (rot, interleaved, cos_per_pair)
         ctx.dtypes = (q.dtype, k.dtype)
         ctx.shapes = (q.shape, k.shape)
         ctx.set_materialize_grads(False)
-        return _tk.rope_variant_apply(q, k, cos, sin, q_dtype=qd, k_dtype=kd, **ctx.opts)
+        return _ops.rope_variant(q, k, cos, sin, *ctx.opts, qd, kd, False)
 
     @staticmethod
     def backward(ctx, dq, dk):
@@ -121,9 +121,7 @@ class RopeVariantFunction(torch.autograd.Function):
             dq = cos.new_zeros(ctx.shapes[0], dtype=ctx.dtypes[0])
         if dk is None:
             dk = cos.new_zeros(ctx.shapes[1], dtype=ctx.dtypes[1])
-        gq, gk = _tk.rope_variant_apply(
-            dq, dk, cos, sin, q_dtype=ctx.dtypes[0], k_dtype=ctx.dtypes[1], backward=True, **ctx.opts
-        )
+        gq, gk = _ops.rope_variant(dq, dk, cos, sin, *ctx.opts, *ctx.dtypes, True)
         return gq, gk, None, None, None, None, None
 
 
@@ -132,7 +130,7 @@ def rope_variant_triton(q, k, cos, sin, interleaved=False, cos_per_pair=False, u
 
 
 ROPE_VARIANT = register(
-    Op("rope_variant", torch_impl=rope_variant_torch, triton_impl=rope_variant_triton if _tk else None)
+    Op("rope_variant", torch_impl=rope_variant_torch, triton_impl=rope_variant_triton if _ops else None)
 )
 
 

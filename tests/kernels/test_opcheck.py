@@ -314,7 +314,92 @@ def _loss_cases() -> list[Case]:
     return cases
 
 
-CASES = _norm_cases() + _rope_cases() + _glu_cases() + _loss_cases()
+TRITON = ("triton",)  # the variants' ops wrap their Triton launchers; their torch path is plain torch code
+
+
+def _variant_cases() -> list[Case]:
+    cases = []
+    for qk in QK_LAYOUTS:
+        for cs in COS_LAYOUTS:
+            for name, opts in {
+                "partial": (D // 2, False, False),
+                "interleaved-per-pair": (D, True, True),
+                "half-split": (D, False, True),
+            }.items():
+                rot, interleaved, per_pair = opts
+
+                def rope(_backend, qk=qk, cs=cs, rot=rot, interleaved=interleaved, per_pair=per_pair):
+                    q, k = _qk(qk, grad=False)
+                    cos, sin = _cos_sin(cs, rot // 2 if per_pair else rot)
+                    return (q, k, cos, sin, rot, interleaved, per_pair, q.dtype, k.dtype, False)
+
+                cases.append(Case("rope_variant", f"{qk}-{cs}-{name}", TRITON, rope))
+    for name, layout in ROW_LAYOUTS.items():
+        shape = (*ROW_SHAPE[:-1], 2 * ROW_SHAPE[-1])
+        for kind in ("swiglu", "geglu", "clamped_swiglu"):
+
+            def gu_fwd(_backend, layout=layout, kind=kind, shape=shape):
+                return (layout(shape), kind, 1.0, 1.702)
+
+            def gu_bwd(_backend, layout=layout, kind=kind, shape=shape):
+                return (layout((*shape[:-1], shape[-1] // 2), seed=1), layout(shape), kind, 1.0, 1.702)
+
+            cases += [Case("gate_up_fwd", f"{name}-{kind}", TRITON, gu_fwd)]
+            cases += [Case("gate_up_bwd", f"{name}-{kind}", TRITON, gu_bwd)]
+
+        def relu2(_backend, layout=layout):
+            return (layout(ROW_SHAPE), None)
+
+        def relu2_bwd(_backend, layout=layout):
+            return (layout(ROW_SHAPE), layout(ROW_SHAPE, seed=1))
+
+        def add_rms(_backend, layout=layout):
+            return (
+                layout(ROW_SHAPE),
+                layout(ROW_SHAPE, seed=1),
+                rand(ROW_SHAPE[-1], seed=2),
+                1e-6,
+                0.0,
+                "llama",
+            )
+
+        def add_rms_bwd(_backend, layout=layout):
+            s = layout(ROW_SHAPE)
+            rstd = torch.rsqrt(s.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+            dy, ds = layout(ROW_SHAPE, seed=1), layout(ROW_SHAPE, seed=2)
+            return (dy, ds, s, rand(ROW_SHAPE[-1], seed=3), rstd, 1.0, "gemma", True)
+
+        cases += [
+            Case("relu_squared", f"{name}-fwd", TRITON, relu2),
+            Case("relu_squared", f"{name}-bwd", TRITON, relu2_bwd),
+            Case("add_rms_norm_fwd", name, TRITON, add_rms),
+            Case("add_rms_norm_bwd", name, TRITON, add_rms_bwd),
+        ]
+
+    def add_rms_bf16(_backend):  # bf16 sum and fp32 weight: the normalised output is promoted (llama)
+        x = contiguous(ROW_SHAPE, dtype=torch.bfloat16)
+        return (
+            x,
+            contiguous(ROW_SHAPE, seed=1, dtype=torch.bfloat16),
+            rand(ROW_SHAPE[-1]),
+            1e-6,
+            0.0,
+            "llama",
+        )
+
+    def add_rms_bwd_only_ds(_backend):  # only the sum's gradient reaches the op: no dw
+        s = contiguous(ROW_SHAPE)
+        rstd = torch.rsqrt(s.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+        return (None, contiguous(ROW_SHAPE, seed=2), s, rand(ROW_SHAPE[-1], seed=3), rstd, 0.0, "llama", True)
+
+    cases += [
+        Case("add_rms_norm_fwd", "3d-bf16-fp32-weight", TRITON, add_rms_bf16),
+        Case("add_rms_norm_bwd", "3d-only-ds", TRITON, add_rms_bwd_only_ds),
+    ]
+    return cases
+
+
+CASES = _norm_cases() + _rope_cases() + _glu_cases() + _loss_cases() + _variant_cases()
 PARAMS = [pytest.param(c, b, id=f"{c.id}-{b}") for c in CASES for b in c.backends]
 
 
