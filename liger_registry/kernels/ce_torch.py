@@ -27,16 +27,6 @@ def check_ce_options(label_smoothing: float, softcap: float | None, reduction: s
         raise ValueError(f"softcap must be > 0 or None, got {softcap}")
 
 
-def denominators(target: torch.Tensor, ignore_index: int, class_weights: torch.Tensor | None):
-    """(valid mask, number of valid tokens, divisor of the CE term under mean) as fp32 tensors (no sync)."""
-    valid = target != ignore_index
-    n_valid = valid.sum().to(torch.float32)
-    if class_weights is None:
-        return valid, n_valid, n_valid
-    wsum = (valid_target_weights(target, valid, class_weights)).sum()
-    return valid, n_valid, wsum
-
-
 def valid_target_weights(
     target: torch.Tensor, valid: torch.Tensor, class_weights: torch.Tensor
 ) -> torch.Tensor:
@@ -48,18 +38,21 @@ def valid_target_weights(
 def loss_scales(reduction: str, target: torch.Tensor, ignore_index: int, class_weights: torch.Tensor | None):
     """``(ce_scale, z_scale)`` of a loss (fp32 tensors, no sync; ``(1.0, 1.0)`` unless ``mean``).
 
-    Under ``mean`` the CE term is divided as ``F.cross_entropy`` divides it: by the sum of the class weights of
-    the non-ignored targets, whatever its sign (a zero sum gives +-inf, and 0 / 0 = nan when every such weight
-    is 0, as torch does); the z term by the number of non-ignored tokens. When no token counts the scales are 0
-    (loss 0, zero gradients: the reference library's rule, where torch gives 0 / 0)."""
+    Under ``mean`` the CE term is divided as ``F.cross_entropy`` divides it: by the number of non-ignored
+    tokens, or with class weights by the sum of their targets' weights, whatever its sign (a zero sum gives
+    +-inf, and 0 / 0 = nan when every such weight is 0, as torch does); the z term by the number of non-ignored
+    tokens. When no token counts both scales are 0 (loss 0, zero gradients: the reference library's rule, where
+    torch gives 0 / 0)."""
     if reduction != "mean":
         return 1.0, 1.0
-    valid, n_valid, denom = denominators(target, ignore_index, class_weights)
-    ce_scale = 1.0 / denom
-    if class_weights is not None:
+    valid = target != ignore_index
+    n_valid = valid.sum().to(torch.float32)
+    if class_weights is None:
+        ce_scale = 1.0 / n_valid
+    else:
+        w = valid_target_weights(target, valid, class_weights)
         # every counted target weighs 0: torch's 0 / 0 (its label-smoothing term too, divided by the same sum)
-        all_zero = ~valid_target_weights(target, valid, class_weights).ne(0).any()
-        ce_scale = torch.where(all_zero, torch.full_like(ce_scale, float("nan")), ce_scale)
+        ce_scale = torch.where(w.ne(0).any(), 1.0 / w.sum(), torch.full_like(n_valid, float("nan")))
     counted = n_valid > 0
     return torch.where(counted, ce_scale, torch.zeros_like(ce_scale)), 1.0 / n_valid.clamp(min=1.0)
 

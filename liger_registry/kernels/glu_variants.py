@@ -8,8 +8,9 @@
 * :func:`relu_squared` ``(x)``: ``relu(x) ** 2``, nemotron's ``ACT2FN["relu2"]`` (``ReLUSquaredActivation``).
 
 The PyTorch implementations compute what the family code computes, op for op (bit-equal on CPU); the Triton
-kernels read gate and up in place from gate_up (no split copy), compute in fp32 and round once; their
-backward writes one gradient tensor shaped like gate_up.
+kernels read gate and up in place from gate_up (no split copy), compute in fp32 and round where the family's
+eager ops round (the activation before the multiply; each op of GPT-OSS's gate; relu² once); their backward
+writes one gradient tensor shaped like gate_up.
 """
 
 from __future__ import annotations

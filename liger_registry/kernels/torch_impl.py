@@ -85,12 +85,12 @@ def rope_torch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.T
 
 
 def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up``."""
+    """``silu(gate) * up``, the activation rounded to the gate's dtype before the multiply (as ``LlamaMLP``)."""
     return F.silu(gate) * up
 
 
 def geglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``gelu(gate, approximate="tanh") * up``."""
+    """``gelu(gate, approximate="tanh") * up``, rounded as :func:`swiglu_torch` (as ``GemmaMLP``)."""
     return F.gelu(gate, approximate="tanh") * up
 
 
@@ -144,11 +144,12 @@ def glu_bwd_torch(dc, gate, up, kind: int):
     a, b, d = gate.float(), up.float(), dc.float()
     if kind == 0:
         sig = torch.sigmoid(a)
-        act = a * sig
         dact = sig * (1 + a * (1 - sig))
+        act = F.silu(gate)
     else:
         k = 0.7978845608028654
         t = torch.tanh(k * (a + 0.044715 * a**3))
-        act = 0.5 * a * (1 + t)
         dact = 0.5 * (1 + t) + 0.5 * a * (1 - t * t) * k * (1 + 3 * 0.044715 * a * a)
-    return (d * b * dact).to(gate.dtype), (d * act).to(up.dtype)
+        act = F.gelu(gate, approximate="tanh")
+    # d up: the activation as the forward multiplied it, rounded to the gate's dtype
+    return (d * b * dact).to(gate.dtype), (d * act.float()).to(up.dtype)

@@ -1,4 +1,8 @@
-"""Triton SwiGLU (silu(a) * b) and GeGLU (gelu_tanh(a) * b): elementwise forward and backward."""
+"""Triton SwiGLU (silu(a) * b) and GeGLU (gelu_tanh(a) * b): elementwise forward and backward.
+
+Rounded as the modules they replace round (``act_fn(gate) * up`` in transformers' MLPs): the activation is
+computed in fp32 and rounded to the gate's dtype, then multiplied by ``up`` and rounded to the output dtype. The
+backward is the gradient of that: d up = dc * the rounded activation, d gate = dc * up * act'(gate)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ def _glu_fwd_kernel(A, B, C, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
     else:
         t = tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
         act = 0.5 * a * (1.0 + t)
+    act = act.to(A.dtype.element_ty).to(tl.float32)
     tl.store(C + offs, (act * b).to(C.dtype.element_ty), mask=mask)
 
 
@@ -43,6 +48,7 @@ def _glu_bwd_kernel(DC, A, B, DA, DB, n, KIND: tl.constexpr, BLOCK: tl.constexpr
         t = tanh(inner)
         act = 0.5 * a * (1.0 + t)
         dact = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * a * a)
+    act = act.to(A.dtype.element_ty).to(tl.float32)
     tl.store(DA + offs, (dc * b * dact).to(DA.dtype.element_ty), mask=mask)
     tl.store(DB + offs, (dc * act).to(DB.dtype.element_ty), mask=mask)
 

@@ -14,28 +14,38 @@ _KINDS = {"swiglu": SILU, "geglu": GELU_TANH, "clamped_swiglu": CLAMPED}
 
 
 @triton.jit
-def _act_and_grad(a, b, limit, alpha, KIND: tl.constexpr):
-    """The gated value f(a, b) and its partial derivatives (d/da, d/db), in fp32."""
+def _round(x, DT: tl.constexpr):
+    """``x`` rounded to ``DT`` (the tensors' dtype) and back to fp32: one eager op's rounding."""
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _act_and_grad(a, b, limit, alpha, KIND: tl.constexpr, DT: tl.constexpr):
+    """The gated value f(a, b) and its partial derivatives (d/da, d/db), in fp32, rounded to ``DT`` where the
+    family's eager code rounds: after the activation (``act_fn(gate) * up``); after every op of GPT-OSS's gate.
+    The derivatives are those of that computation (each rounding's derivative taken as 1), at its rounded values.
+    """
     if KIND == 0:
         sig = tl.sigmoid(a)
-        act = a * sig
+        act = _round(a * sig, DT)
         y = act * b
         da = b * sig * (1.0 + a * (1.0 - sig))
         db = act
     elif KIND == 1:
         t = tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
-        act = 0.5 * a * (1.0 + t)
+        act = _round(0.5 * a * (1.0 + t), DT)
         dact = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * a * a)
         y = act * b
         da = b * dact
         db = act
     else:  # GPT-OSS: gate clamped above, up clamped both ways (gradients pass where the clamp is inactive)
-        g = tl.minimum(a, limit)
-        u = tl.minimum(tl.maximum(b, -limit), limit)
-        sig = tl.sigmoid(g * alpha)
-        glu = g * sig
-        y = (u + 1.0) * glu
-        da = tl.where(a <= limit, (u + 1.0) * (sig + g * alpha * sig * (1.0 - sig)), 0.0)
+        g = _round(tl.minimum(a, limit), DT)
+        u = _round(tl.minimum(tl.maximum(b, -limit), limit), DT)
+        sig = _round(tl.sigmoid(_round(g * alpha, DT)), DT)
+        glu = _round(g * sig, DT)
+        u1 = _round(u + 1.0, DT)
+        y = u1 * glu
+        da = tl.where(a <= limit, u1 * (sig + g * alpha * sig * (1.0 - sig)), 0.0)
         db = tl.where((b >= -limit) & (b <= limit), glu, 0.0)
     return y, da, db
 
@@ -51,7 +61,7 @@ def _gate_up_fwd_kernel(
     src = GU + row * stride_gu + cols * STEP
     a = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(src + UP_OFF, mask=mask, other=0.0).to(tl.float32)
-    y, _, _ = _act_and_grad(a, b, limit, alpha, KIND)
+    y, _, _ = _act_and_grad(a, b, limit, alpha, KIND, GU.dtype.element_ty)
     tl.store(OUT + row * stride_o + cols, y.to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -67,7 +77,7 @@ def _gate_up_bwd_kernel(
     a = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(src + UP_OFF, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DOUT + row * stride_do + cols, mask=mask, other=0.0).to(tl.float32)
-    _, da, db = _act_and_grad(a, b, limit, alpha, KIND)
+    _, da, db = _act_and_grad(a, b, limit, alpha, KIND, GU.dtype.element_ty)
     dst = DGU + row * stride_dgu + cols * STEP
     tl.store(dst, (dy * da).to(DGU.dtype.element_ty), mask=mask)
     tl.store(dst + UP_OFF, (dy * db).to(DGU.dtype.element_ty), mask=mask)

@@ -69,3 +69,22 @@ def ce_reference(
     else:
         zr = z.sum() / valid.sum().clamp(min=1)
     return ce + zr, zr
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise distance in units in the last place between two fp16 or bf16 tensors (int32; +0 and -0 are
+    the same point, and the two neighbours of zero are 2 apart)."""
+    if a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"ulp_distance takes two fp16 or two bf16 tensors, got {a.dtype} and {b.dtype}")
+
+    def ordered(x):
+        bits = x.view(torch.int16).to(torch.int32)
+        return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def bits_apart(ours: torch.Tensor, ref: torch.Tensor) -> tuple[int, float]:
+    """(largest ulp distance, fraction of elements whose bits differ) between two fp16/bf16 tensors."""
+    d = ulp_distance(ours, ref)
+    return int(d.max()) if d.numel() else 0, (d > 0).float().mean().item() if d.numel() else 0.0

@@ -246,3 +246,32 @@ def test_all_ignored_stays_zero_with_weights(backend):
     assert out == 0
     (g,) = torch.autograd.grad(out, x)
     assert (g == 0).all()
+
+
+# ---------------------------------------------------------------- the custom op carries the predictions
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("argmax_mode", [0, 1])
+def test_cross_entropy_op_fake_matches_real(backend, reduction, argmax_mode):
+    x = _logits().requires_grad_()
+    args = (x, _target(), None, -100, 0.0, None, 1e-3, reduction, True, argmax_mode, backend)
+    # test_aot_dispatch_dynamic fails for this op before and after the predictions were added (the saved
+    # gradient as an output); the custom-op work on torch.compile owns it
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(torch.ops.liger_registry.cross_entropy_fwd.default, args, test_utils=utils)
+
+
+def test_cross_entropy_structured_output_compiles(backend):
+    t = _target()
+
+    def step(x):
+        out = K.cross_entropy(
+            x, t, return_token_accuracy=True, return_predicted_tokens=True, return_z_loss=True
+        )
+        return out.loss, out.token_accuracy, out.predicted_tokens
+
+    x = _logits(torch.float16).requires_grad_()
+    eager = step(x)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(x)
+    for a, b in zip(compiled, eager, strict=True):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)

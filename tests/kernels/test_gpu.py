@@ -13,6 +13,12 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_refs import bits_apart
+from transformers.activations import ACT2FN
+from transformers.models.gemma import modeling_gemma
+from transformers.models.gemma.configuration_gemma import GemmaConfig
+from transformers.models.llama import modeling_llama
+from transformers.models.llama.configuration_llama import LlamaConfig
 
 from liger_registry import kernels as K
 from liger_registry.kernels import torch_impl
@@ -388,6 +394,85 @@ def test_glu(dtype, name):
         ["da", "db"], _grads(y, [a, b], dy.to(dtype)), _grads(ref, [a64, b64], dy.double()), strict=True
     ):
         _check(name, n_, x_, e_, dtype)
+
+
+# bits of bf16 results against the transformers code they replace: the Triton and CUDA fp32 activations may
+# differ in their last fp32 bit, which flips a bf16 rounding now and then (1 ulp); where the rounding happens
+# is the same, so the rest is bit-equal (rounding once instead differs on a large fraction of elements)
+GLU_MAX_ULPS, GLU_MAX_DIFFERING = 1, 2e-3
+
+
+def _bits_check(case, ours, ref, max_ulps=GLU_MAX_ULPS, max_differing=GLU_MAX_DIFFERING):
+    assert ours.dtype == ref.dtype == torch.bfloat16 and ours.shape == ref.shape
+    ulps, differing = bits_apart(ours, ref)
+    print(f"[gpu-bits] {case} max_ulps={ulps} differing={differing:.2e}", flush=True)
+    assert ulps <= max_ulps and differing <= max_differing, f"{case}: {ulps} ulps, {differing:.2e} differ"
+
+
+@pytest.mark.parametrize("name,act", [("swiglu", "silu"), ("geglu", "gelu_pytorch_tanh")])
+def test_glu_bf16_bits_as_transformers(name, act):
+    """``act_fn(gate) * up`` as LlamaMLP / GemmaMLP compute it in bf16: forward and d up."""
+    g = torch.Generator(device="cuda").manual_seed(6)
+    gate = torch.randn(1025, 14336, device="cuda", generator=g) * 3
+    if "gelu" in act:  # below -3 torch's own 1 + tanh(.) cancels: its last bits are those of CUDA's tanhf
+        gate = gate.clamp(min=-3.0)
+    gate = gate.bfloat16()
+    up = (torch.randn(1025, 14336, device="cuda", generator=g) * 4).bfloat16()
+    dy = torch.randn(1025, 14336, device="cuda", generator=g).bfloat16()
+    outs, d_ups = [], []
+    for fn in (lambda a, b: ACT2FN[act](a) * b, getattr(K, name)):
+        u = up.clone().requires_grad_()
+        out = fn(gate, u)
+        outs.append(out)
+        d_ups.append(torch.autograd.grad(out, u, dy)[0])
+    _bits_check(f"{name} forward", outs[1], outs[0])
+    _bits_check(f"{name} d up", d_ups[1], d_ups[0])
+
+
+@pytest.mark.parametrize(
+    "mlp_cls,config_cls,act,name",
+    [
+        (modeling_llama.LlamaMLP, LlamaConfig, "silu", "swiglu"),
+        (modeling_gemma.GemmaMLP, GemmaConfig, "gelu_pytorch_tanh", "geglu"),
+    ],
+    ids=["llama", "gemma"],
+)
+def test_glu_mlp_bf16_as_unpatched(mlp_cls, config_cls, act, name):
+    """The whole bf16 MLP: the patched forward's output against the unpatched module's, bit for bit but for the
+    rare 1-ulp activation flips (each moves one term of a down_proj dot product by one bf16 ulp)."""
+    config = config_cls(hidden_size=2048, intermediate_size=8192, hidden_act=act)
+    torch.manual_seed(0)
+    mlp = mlp_cls(config).to("cuda", torch.bfloat16)
+    x = torch.randn(2048, 2048, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
+    x = x.bfloat16()
+    with torch.no_grad():
+        ref = mlp(x)
+        ours = mlp.down_proj(getattr(K, name)(mlp.gate_proj(x), mlp.up_proj(x)))
+    _bits_check(f"{mlp_cls.__name__} output", ours, ref, max_ulps=8, max_differing=0.05)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_bf16_conventions(reduction):
+    """The logits' dtype back, the structured output, -1 predicted on ignored rows, torch's loss."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = (torch.randn(1031, 50257, device="cuda", generator=g) * 3).bfloat16()
+    t = torch.randint(0, 50257, (1031,), device="cuda", generator=g)
+    t[::5] = -100
+    out = K.cross_entropy(
+        x,
+        t,
+        reduction=reduction,
+        return_z_loss=True,
+        return_token_accuracy=True,
+        return_predicted_tokens=True,
+    )
+    ref = F.cross_entropy(x.float(), t, reduction=reduction)
+    assert out.loss.dtype == out.z_loss.dtype == torch.bfloat16
+    torch.testing.assert_close(out.loss, ref.bfloat16(), rtol=2**-7, atol=0.0)
+    valid = t != -100
+    pred = torch.where(valid, x.float().argmax(-1), -1)
+    assert torch.equal(out.predicted_tokens, pred)
+    torch.testing.assert_close(out.token_accuracy, (pred == t)[valid].float().mean())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -11,7 +11,9 @@ import types
 
 import pytest
 import torch
+from kernel_refs import bits_apart
 from transformers.activations import ACT2FN
+from transformers.integrations.moe import _default_apply_gate
 from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.glm4 import modeling_glm4
 from transformers.models.gpt_oss import modeling_gpt_oss
@@ -129,6 +131,44 @@ def test_swiglu_clamped(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_relu_squared(dtype):
     check("relu2 nemotron", relu_squared, ACT2FN["relu2"], [_randn(N, INTER)], dtype)
+
+
+# bf16 bits against the family code: the activation's last fp32 bit may differ between Triton and CUDA now
+# and then (a 1-ulp flip of a rounded intermediate); where each op rounds is the same. GPT-OSS's gate rounds
+# five times, so one flipped sigmoid may move its result by a few ulps.
+BITS_MAX_DIFFERING = 2e-3
+
+
+def bits_check(case, ours, family, gate_up, max_ulps=1):
+    out, ref = ours(gate_up), family(gate_up)
+    assert out.dtype == ref.dtype == torch.bfloat16 and out.shape == ref.shape
+    ulps, differing = bits_apart(out, ref)
+    print(f"[gpu-bits] {case} max_ulps={ulps} differing={differing:.2e}", flush=True)
+    assert ulps <= max_ulps and differing <= BITS_MAX_DIFFERING, (
+        f"{case}: {ulps} ulps, {differing:.2e} differ"
+    )
+
+
+@pytest.mark.parametrize("kind,act", [("swiglu", "silu"), ("geglu", "gelu_pytorch_tanh")])
+def test_glu_fused_bf16_bits_as_phi3_and_experts(kind, act):
+    experts = types.SimpleNamespace(act_fn=ACT2FN[act])
+    gate = _randn(N, INTER, scale=3.0)
+    if kind == "geglu":  # below -3 torch's own 1 + tanh(.) cancels: its last bits are those of CUDA's tanhf
+        gate = gate.clamp(min=-3.0)
+    gate_up = torch.cat([gate, _randn(N, INTER, seed=1, scale=4.0)], -1).bfloat16()
+    bits_check(f"glu_fused {kind}", lambda gu: glu_fused(gu, kind), lambda gu: _default_apply_gate(experts, gu),
+               gate_up)  # fmt: skip
+
+
+def test_swiglu_clamped_bf16_bits_as_gpt_oss():
+    experts = types.SimpleNamespace(limit=7.0, alpha=1.702)
+    bits_check("swiglu_clamped", lambda gu: swiglu_clamped(gu, 7.0, 1.702),
+               lambda gu: modeling_gpt_oss.GptOssExperts._apply_gate(experts, gu),
+               _randn(N, 2 * INTER, scale=4.0).bfloat16(), max_ulps=4)  # fmt: skip
+
+
+def test_relu_squared_bf16_bits_as_nemotron():
+    bits_check("relu2", relu_squared, ACT2FN["relu2"], _randn(N, INTER, scale=30.0).bfloat16())
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
