@@ -5,7 +5,9 @@ Training steps (forward, backward, AdamW) of a Llama-3-8B-shaped (hidden 4096, M
 to 2 and 4 layers; bf16 weights built on the GPU with a fixed seed, SDPA attention, 4096 and 8192 tokens per step
 (--batch sequences of tokens/batch). Methods: `hf` (unpatched), `liger` (liger-kernel's own
 apply_liger_kernel_to_llama / _qwen3(model=...), a benchmark-only peer), `ours` (liger_registry.apply(model)),
-`ours_tp` (apply(model, policy="throughput")). Each configuration runs in its own process (a fresh CUDA context
+`ours_tp` (apply(model, policy="throughput")), and `hf_compile` / `ours_compile` (the same model, then
+`torch.compile(model)` with inductor's default mode; the first steps pay the compilation, reported apart as
+`compile_s`: the warm-up steps' time beyond as many median steps). Each configuration runs in its own process (a fresh CUDA context
 and allocator: peak memory does not inherit another run's fragmentation), the methods of one configuration next
 to each other and in a rotated order per repeat. By default the processes are forked from this driver after it
 imported torch and transformers once (it never touches CUDA); --spawn starts each one from scratch instead.
@@ -68,10 +70,11 @@ SMOKE_DIMS = dict(
     head_dim=16,
     vocab_size=512,
 )
-METHODS = ("hf", "liger", "ours", "ours_tp")
+METHODS = ("hf", "liger", "ours", "ours_tp", "hf_compile", "ours_compile")
 CPU_METHODS = ("hf", "ours", "ours_tp")  # no CUDA, no peer
+COMPILED = "_compile"
 PEER_APPLY = {"llama": "apply_liger_kernel_to_llama", "qwen3": "apply_liger_kernel_to_qwen3"}
-TARGETS = "ours >= 1.0x HF tok/s, >= 1.1x liger tok/s, peak <= liger + 0.25 GiB"
+TARGETS = "ours >= 1.0x HF tok/s, >= 1.1x liger tok/s, peak <= liger + 0.25 GiB, ours_compile >= 1.0x hf_compile tok/s"
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -173,9 +176,14 @@ def build_model(job: dict, device: str):
     return model.train(), config
 
 
+def base_method(method: str) -> str:
+    """The method without its compile suffix: `ours_compile` patches as `ours` does."""
+    return method.removesuffix(COMPILED)
+
+
 def patch(job: dict, model) -> dict:
     """Install the method's kernels; what was installed (and, for ours, the FLCE plan at this token count)."""
-    method = job["method"]
+    method = base_method(job["method"])
     if method == "hf":
         return {}
     if method == "liger":
@@ -235,11 +243,13 @@ def train(job: dict, model, device: str) -> dict:
         times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
     timed = times[job["warmup"] :] or times
+    median = statistics.median(timed)
     return {
+        "compile_s": max(0.0, sum(times[: job["warmup"]]) - median * min(job["warmup"], len(times))),
         "losses": losses,
         "step_s": times,
-        "median_step_s": statistics.median(timed),
-        "tokens_per_s": job["tokens"] / statistics.median(timed),
+        "median_step_s": median,
+        "tokens_per_s": job["tokens"] / median,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }
 
@@ -257,6 +267,8 @@ def run_job(job: dict) -> dict:
         out["build_s"] = time.perf_counter() - t
         t = time.perf_counter()
         out.update(patch(job, model))
+        if job["method"].endswith(COMPILED):
+            model = torch.compile(model)
         out["apply_s"] = time.perf_counter() - t
         out.update(train(job, model, device))
         out["ok"] = True
@@ -300,6 +312,11 @@ def preimport(smoke: bool) -> None:
         raise RuntimeError("CUDA was initialised before the fork; run with --spawn")
 
 
+def timeout_of(job: dict, args: argparse.Namespace) -> float:
+    """A compiled method gets twice the time: its first steps compile the model."""
+    return args.timeout_s * (2 if job["method"].endswith(COMPILED) else 1)
+
+
 def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
     result = tmp / f"job{index}.json"
     start = time.perf_counter()
@@ -310,7 +327,7 @@ def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
         }
         cmd = [sys.executable, __file__, "--child", json.dumps(job), "--result", str(result)]
         try:
-            rc = subprocess.run(cmd, env=env, timeout=args.timeout_s).returncode
+            rc = subprocess.run(cmd, env=env, timeout=timeout_of(job, args)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     else:
@@ -318,7 +335,7 @@ def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
 
         proc = multiprocessing.get_context("fork").Process(target=child_main, args=(job, str(result)))
         proc.start()
-        proc.join(args.timeout_s)
+        proc.join(timeout_of(job, args))
         if proc.is_alive():
             proc.kill()
             proc.join()
@@ -383,9 +400,12 @@ def summarise(runs: list[dict]) -> list[dict]:
         for r in runs:
             if (r["model"], r["layers"], r["tokens"]) != (model, layers, tokens):
                 continue
-            m = row["methods"].setdefault(r["method"], {"tokens_per_s": [], "peak_gib": [], "errors": []})
+            m = row["methods"].setdefault(
+                r["method"], {"tokens_per_s": [], "peak_gib": [], "compile_s": [], "errors": []}
+            )
             if r.get("ok"):
                 m["tokens_per_s"].append(r["tokens_per_s"])
+                m["compile_s"].append(r.get("compile_s", 0.0))
                 m["peak_gib"].append(r["peak_gib"])
                 m.setdefault("losses", r["losses"])
                 m.setdefault("flce_plan", r.get("flce_plan"))
@@ -414,6 +434,7 @@ def judge(row: dict) -> None:
         "ours/liger": ratio("ours", "liger"),
         "tp/hf": ratio("ours_tp", "hf"),
         "tp/liger": ratio("ours_tp", "liger"),
+        "oc/hc": ratio("ours_compile", "hf_compile"),
     }
     r = row["ratios"]
     extra = (
@@ -425,6 +446,7 @@ def judge(row: dict) -> None:
         ">=1.0x HF": None if r["ours/hf"] is None else r["ours/hf"] >= 1.0,
         ">=1.1x liger": None if r["ours/liger"] is None else r["ours/liger"] >= 1.1,
         "peak<=liger+0.25": None if extra is None else extra <= 0.25,
+        "compiled>=1.0x": None if r["oc/hc"] is None else r["oc/hc"] >= 1.0,
     }
 
 
@@ -466,7 +488,7 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
         f"peak: max allocated GiB; targets: {TARGETS}"
     )
     head = f"{'model':<6}{'L':>2}{'tokens':>7} |" + "".join(f"{m:>8}" for m in methods)
-    head += f" |{'ours/hf':>8}{'ours/lk':>8}{'tp/hf':>7}{'tp/lk':>7} | peak GiB" + "".join(
+    head += f" |{'ours/hf':>8}{'ours/lk':>8}{'tp/hf':>7}{'tp/lk':>7}{'oc/hc':>7} | peak GiB" + "".join(
         f"{m:>8}" for m in methods
     )
     head += f" |{'max|dL|':>8} | targets"
@@ -478,7 +500,7 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
         r = row["ratios"]
         line += (
             f" |{ffmt(r['ours/hf'], '8.3f')}{ffmt(r['ours/liger'], '8.3f')}{ffmt(r['tp/hf'], '7.3f')}"
-            f"{ffmt(r['tp/liger'], '7.3f')} |         "
+            f"{ffmt(r['tp/liger'], '7.3f')}{ffmt(r['oc/hc'], '7.3f')} |         "
         )
         line += "".join(f"{ffmt(ms.get(m, {}).get('peak'), '8.2f'):>8}" for m in methods)
         dl = max((m.get("max_dloss_vs_hf", 0.0) for m in ms.values()), default=None)
@@ -487,6 +509,13 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
             f"{k}:{'?' if v is None else 'met' if v else 'MISSED'}" for k, v in row["targets"].items()
         )
         print(line)
+    for row in rows:
+        for name, m in row["methods"].items():
+            if name.endswith(COMPILED) and m["compile_s"]:
+                print(
+                    f"  compile {row['model']} L{row['layers']} T{row['tokens']} {name}: "
+                    f"{statistics.fmean(m['compile_s']):.1f} s beyond the warm-up steps' median time"
+                )
     flat = [v for row in rows for v in row["targets"].values()]
     print(
         f"targets: {sum(1 for v in flat if v)} met, {sum(1 for v in flat if v is False)} MISSED, "

@@ -3,10 +3,12 @@
 # (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
 #   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
-#   parity         bf16 GPU parity suite (tests/convergence -k gpu), strategy as planned
+#   parity         bf16 GPU parity suite (tests/convergence -k gpu, without the with-logits runs), strategy as planned
+#   parity-logits  bf16 with-logits parity of every family with a head (FLCE off, cross_entropy on), 24 steps
 #   parity-tokens  the same with every apply() forcing the token-chunked FLCE; parity-vocab: vocab-chunked
 #   flce / flce-quick   benchmarks/bench_flce.py (full sweep < 6 min / ~1 min subset)
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
+#   e2e-compile    bench_e2e.py: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts
 #   ops            benchmarks/bench_ops.py
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
@@ -45,15 +47,20 @@ for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-240}" 30 \
              python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py tests/kernels/test_gpu_variants.py tests/alignment/test_gpu_alignment.py ;;
-    parity) part parity "${T_PARITY:-300}" 60 python3 -m pytest -q -p no:cacheprovider tests/convergence -k gpu ;;
+    parity) part parity "${T_PARITY:-300}" 60 \
+              python3 -m pytest -q -p no:cacheprovider tests/convergence -k "gpu and not with_logits" ;;
+    parity-logits) part parity-logits "${T_PARITY:-300}" 90 \
+                     python3 -m pytest -q -p no:cacheprovider tests/convergence -k gpu_bf16_with_logits ;;
     parity-tokens|parity-vocab)
       FORCE_FLCE_STRATEGY=${p#parity-} PYTHONPATH=$PYTHONPATH:$PWD/benchmarks part "$p" "${T_PARITY:-300}" 60 \
-        python3 -m pytest -q -p no:cacheprovider -p force_flce_strategy tests/convergence -k gpu ;;
+        python3 -m pytest -q -p no:cacheprovider -p force_flce_strategy tests/convergence -k "gpu and not with_logits" ;;
     flce) part flce "${T_FLCE:-420}" 100 python3 benchmarks/bench_flce.py $FLCE_ARGS ;;
     flce-quick) part flce-quick "${T_FLCE:-150}" 60 python3 benchmarks/bench_flce.py --quick $FLCE_ARGS ;;
     e2e) part e2e "${T_E2E:-590}" 40 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
     e2e-quick) part e2e-quick "${T_E2E:-300}" 30 \
                  python3 benchmarks/bench_e2e.py --quick --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
+    e2e-compile) part e2e-compile "${T_E2E:-400}" 30 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) \
+                   --layers 2 --tokens 4096 --repeats 1 --methods hf,hf_compile,ours,ours_compile,liger $E2E_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \
                    "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048" ;;

@@ -133,6 +133,7 @@ def lint(
         return findings + [
             Finding("yaml", "registry", p, "error", *problem_location(p)) for p in exc.problems or [str(exc)]
         ]
+    findings += [Finding("yaml", "registry", p, "error", *problem_location(p)) for p in registry.skipped]
     selected = [registry.family(name) for name in families] or list(registry.families.values())
     for loaded in selected:
         family_findings = _in_yaml(_family_findings(loaded), loaded.path)

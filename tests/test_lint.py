@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
+import liger_registry
 from liger_registry import cli
 from liger_registry.forwards import register_forward
 from liger_registry.forwards import registry as forward_table
 from liger_registry.forwards.causal_lm import _base_call, _output, causal_lm
-from liger_registry.lint import lint_forward
+from liger_registry.lint import lint, lint_forward
+from liger_registry.registry.loader import LoadedFamily, Registry
 
 
 def test_lint_forward_flags_kwargs_only_forward():
@@ -213,3 +215,31 @@ def test_a_family_for_other_transformers_releases_is_a_note_not_an_error(tmp_pat
     assert (
         "supports transformers" in message and ">=99" in message and "its checks do not run here" in message
     )
+
+
+def test_a_duplicate_on_the_registry_path_is_a_finding_naming_both_files(tmp_path, monkeypatch, capsys):
+    from liger_registry.registry.errors import RegistryWarning
+
+    bundled = liger_registry.load_registry().family_for("llama").path
+    (tmp_path / "llama.yaml").write_text(bundled.read_text())
+    monkeypatch.setenv("LIGER_REGISTRY_PATH", str(tmp_path))
+    with pytest.warns(RegistryWarning, match="already defined in"):
+        assert cli.main(["lint", "--family", "llama", "--format", "json"]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["file"] == str(tmp_path / "llama.yaml")
+    assert f"family 'llama' is already defined in {bundled}" in finding["message"]
+
+
+def _with_head(**head) -> Registry:
+    """The bundled llama family with its head's attribute names replaced, as the only family."""
+    loaded = liger_registry.load_registry().family_for("llama")
+    entry = loaded.entry.model_copy(update={"head": loaded.entry.head.model_copy(update=head)})
+    return Registry({"llama": LoadedFamily(entry, loaded.path)}, {"llama": "llama"})
+
+
+@pytest.mark.parametrize("head", [{"lm_head": "save_pretrained"}, {"base_model": "generate"}])
+def test_lint_flags_a_head_attribute_that_is_a_method_not_a_module(head):
+    ((key, name),) = head.items()
+    findings = [f for f in lint(registry=_with_head(**head)) if f.severity == "error"]
+    assert [f.check for f in findings] == ["head"]
+    assert f"head.{key}: LlamaForCausalLM.{name} is a method, not a module" in findings[0].message

@@ -36,15 +36,34 @@ def register_forward(
     """
 
     def decorate(fn: Callable) -> Callable:
-        if name in _FORWARDS and _FORWARDS[name].fn is not fn:
-            raise ValueError(
-                f"a forward named {name!r} is already registered ({_FORWARDS[name].fn.__module__})"
-            )
+        if problem := _name_taken(name, fn):
+            raise ValueError(problem)
         doc = description or (inspect.getdoc(fn) or "").split("\n")[0]
         _FORWARDS[name] = ForwardSpec(name, fn, doc, fuses, moe)
         return fn
 
     return decorate
+
+
+def _qualified(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _name_taken(name: str, fn: Callable) -> str | None:
+    """Why `fn` may not take `name`: another function has it, or it is a built-in's (taken before the built-in's
+    module is imported: a plugin loads first, and would otherwise replace it for every family)."""
+    if name in _FORWARDS and _qualified(_FORWARDS[name].fn) != _qualified(fn):
+        return (
+            f"a forward named {name!r} is already registered ({_qualified(_FORWARDS[name].fn)}); "
+            f"{_qualified(fn)} cannot be registered under the same name"
+        )
+    module = BUILTIN_FORWARDS.get(name)
+    if module is not None and getattr(fn, "__module__", None) != module:
+        return (
+            f"{name!r} is the built-in forward of {module}; {_qualified(fn)} cannot be registered under "
+            "the same name"
+        )
+    return None
 
 
 def forward_names() -> set[str]:

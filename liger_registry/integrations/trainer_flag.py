@@ -9,9 +9,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from liger_registry.integrations.liger_config import overrides_from_liger_kernel_config
-from liger_registry.registry.applier import PatchHandle, apply, patch_handle
-from liger_registry.registry.configure import model_type_of, unwrap_model
+from liger_registry.integrations.trainer_apply import apply_liger_kernel_config
+from liger_registry.registry.applier import PatchHandle
 
 # Where transformers (5.17 to 5.24) keeps the hook Trainer.train() calls when `use_liger_kernel` is set:
 # defined in integrations.liger, imported by name into trainer.
@@ -26,14 +25,17 @@ class _RegistryHook:
         self.policy, self.strict, self.overrides = policy, strict, overrides
         self.handles: list[PatchHandle] = []
 
-    def __call__(self, model: Any, kernel_config: Mapping[str, Any] | None = None) -> PatchHandle:
-        inner = unwrap_model(model)
-        existing = patch_handle(inner)
-        if existing is not None:
-            return existing
-        from_config = overrides_from_liger_kernel_config(kernel_config, model_type_of(inner))
-        handle = apply(inner, policy=self.policy, strict=self.strict, **{**from_config, **self.overrides})
-        self.handles.append(handle)
+    def __call__(self, model: Any, kernel_config: Mapping[str, Any] | None = None) -> PatchHandle | None:
+        handle, installed = apply_liger_kernel_config(
+            model,
+            kernel_config,
+            policy=self.policy,
+            strict=self.strict,
+            overrides=self.overrides,
+            source="TrainingArguments(use_liger_kernel=True, liger_kernel_config=...)",
+        )
+        if installed:
+            self.handles.append(handle)
         return handle
 
 
@@ -49,7 +51,10 @@ def use_liger_kernel_flag(
 ) -> Iterator[list[PatchHandle]]:
     """Inside the block, `Trainer.train()` with `TrainingArguments(use_liger_kernel=True, liger_kernel_config=...)`
     applies liger_registry (the config translated by `overrides_from_liger_kernel_config`, then `overrides`)
-    instead of the liger-kernel package, which need not be installed. A model already patched is left as it is.
+    instead of the liger-kernel package, which need not be installed. A model already patched keeps its patch
+    when it agrees with every key the config names (and with `policy` and `overrides`); a key it has otherwise is
+    a PatchError naming the difference (revert first to re-apply). A model type without a family is an
+    UnsupportedModelError, or with `strict=False` a warning, and the model trains unpatched.
 
     Yields the list of handles it installs; the patches stay after the block (`liger_registry.revert` takes them
     back); the block only restores Trainer's own hook. Train inside the block: Trainer calls the hook in

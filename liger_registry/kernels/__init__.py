@@ -7,6 +7,7 @@ import torch
 from liger_registry.limits import check_ignore_index, check_logit_factor
 
 from . import torch_impl
+from .ce_output import CrossEntropyOutput, argmax_mode_for, ce_output, token_accuracy
 from .ce_torch import check_ce_options
 from .cross_entropy import cross_entropy_torch
 from .custom_ops import geglu_triton, layer_norm_triton, rms_norm_triton, rope_triton, swiglu_triton
@@ -65,16 +66,25 @@ from . import rope_variants as _rope_variants  # noqa: E402, F401
 def cross_entropy(
     logits: torch.Tensor,
     target: torch.Tensor,
+    weight: torch.Tensor | None = None,
     *,
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     softcap: float | None = None,
     lse_square_scale: float = 0.0,
-    class_weights: torch.Tensor | None = None,
+    return_z_loss: bool = False,
+    return_token_accuracy: bool = False,
+    return_predicted_tokens: bool = False,
     inplace_backward: bool = False,
-) -> torch.Tensor:
-    """Cross entropy over rows of ``logits`` [N, V]; same semantics as :func:`fused_linear_cross_entropy`.
+):
+    """Cross entropy over rows of ``logits`` [N, V]: ``F.cross_entropy`` (``weight``: class weights [V]; under
+    ``mean`` the sum of the non-ignored targets' weights divides, as in torch) plus the options of
+    :func:`fused_linear_cross_entropy` (``softcap``, z-loss ``lse_square_scale``); every target ignored gives 0.
+
+    Accumulated in fp32, returned in the logits' dtype, as torch and the reference library return it. Returns
+    the loss, or :class:`CrossEntropyOutput` when a ``return_*`` flag is set: ``z_loss`` (in the logits' dtype),
+    ``token_accuracy`` (fp32, over non-ignored rows), ``predicted_tokens`` (row argmax, -1 on ignored rows).
 
     ``inplace_backward=True`` (opt-in) writes the gradient over ``logits`` in the forward pass when one is needed:
     the caller's logits hold d loss / d logits afterwards. It saves one [N, V] buffer and its write bandwidth
@@ -89,19 +99,35 @@ def cross_entropy(
         raise ValueError(
             f"logits must be [N, V] and target [N]; got {tuple(logits.shape)}, {tuple(target.shape)}"
         )
+    if weight is not None and weight.shape != (logits.shape[1],):
+        raise ValueError(f"weight must be [V]={logits.shape[1]}; got {tuple(weight.shape)}")
     options = dict(
         ignore_index=ignore_index,
         label_smoothing=label_smoothing,
         reduction=reduction,
         softcap=softcap,
         lse_square_scale=lse_square_scale,
-        class_weights=class_weights,
+        class_weights=weight,
+        argmax_mode=argmax_mode_for(return_token_accuracy, return_predicted_tokens),
     )
     op = OPS["cross_entropy"]
     if not inplace_backward:
-        return op(logits, target, **options)
-    backend, _ = op.decide(logits, target, **options)
-    return cross_entropy_fused(logits, target, **options, inplace_backward=True, backend=backend)
+        loss, z_loss, predicted = op(logits, target, **options)
+    else:
+        backend, _ = op.decide(logits, target, **options)
+        loss, z_loss, predicted = cross_entropy_fused(
+            logits, target, **options, inplace_backward=True, backend=backend
+        )
+    accuracy = token_accuracy(predicted, target, ignore_index) if return_token_accuracy else None
+    return ce_output(
+        loss.to(logits.dtype),
+        z_loss.to(logits.dtype),
+        accuracy,
+        predicted,
+        return_z_loss=return_z_loss,
+        return_token_accuracy=return_token_accuracy,
+        return_predicted_tokens=return_predicted_tokens,
+    )
 
 
 def rms_norm(
@@ -162,6 +188,7 @@ __all__ = [
     "ENV_VAR",
     "OPS",
     "BackendError",
+    "CrossEntropyOutput",
     "FLCEOutput",
     "FlceOptions",
     "FlcePlan",

@@ -33,19 +33,35 @@ def denominators(target: torch.Tensor, ignore_index: int, class_weights: torch.T
     n_valid = valid.sum().to(torch.float32)
     if class_weights is None:
         return valid, n_valid, n_valid
-    safe = torch.where(valid, target, torch.zeros_like(target))
-    wsum = (class_weights.to(torch.float32)[safe] * valid).sum()
+    wsum = (valid_target_weights(target, valid, class_weights)).sum()
     return valid, n_valid, wsum
 
 
+def valid_target_weights(
+    target: torch.Tensor, valid: torch.Tensor, class_weights: torch.Tensor
+) -> torch.Tensor:
+    """fp32 class weight of each row's target, 0 on ignored rows."""
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    return class_weights.to(torch.float32)[safe] * valid
+
+
 def loss_scales(reduction: str, target: torch.Tensor, ignore_index: int, class_weights: torch.Tensor | None):
-    """``(ce_scale, z_scale)`` of a loss: under ``mean`` 1 / the CE divisor (0 when nothing counts) and 1 / the
-    number of valid tokens (fp32 tensors, no sync); else ``(1.0, 1.0)``."""
+    """``(ce_scale, z_scale)`` of a loss (fp32 tensors, no sync; ``(1.0, 1.0)`` unless ``mean``).
+
+    Under ``mean`` the CE term is divided as ``F.cross_entropy`` divides it: by the sum of the class weights of
+    the non-ignored targets, whatever its sign (a zero sum gives +-inf, and 0 / 0 = nan when every such weight
+    is 0, as torch does); the z term by the number of non-ignored tokens. When no token counts the scales are 0
+    (loss 0, zero gradients: the reference library's rule, where torch gives 0 / 0)."""
     if reduction != "mean":
         return 1.0, 1.0
-    _, n_valid, denom = denominators(target, ignore_index, class_weights)
-    ce_scale = torch.where(denom > 0, 1.0 / denom.clamp(min=1e-30), torch.zeros_like(denom))
-    return ce_scale, 1.0 / n_valid.clamp(min=1.0)
+    valid, n_valid, denom = denominators(target, ignore_index, class_weights)
+    ce_scale = 1.0 / denom
+    if class_weights is not None:
+        # every counted target weighs 0: torch's 0 / 0 (its label-smoothing term too, divided by the same sum)
+        all_zero = ~valid_target_weights(target, valid, class_weights).ne(0).any()
+        ce_scale = torch.where(all_zero, torch.full_like(ce_scale, float("nan")), ce_scale)
+    counted = n_valid > 0
+    return torch.where(counted, ce_scale, torch.zeros_like(ce_scale)), 1.0 / n_valid.clamp(min=1.0)
 
 
 def transform_logits(raw: torch.Tensor, softcap: float | None, logit_scale: float) -> torch.Tensor:

@@ -5,19 +5,19 @@ from __future__ import annotations
 import torch
 
 from . import ce_torch
+from .ce_output import predicted_tokens
 from .labels import check_labels
 
 
-def reduce_ce(ce: torch.Tensor, zl: torch.Tensor, target, ignore_index, class_weights, reduction):
-    """Combine per-row ce and z-loss as ``fused_linear_cross_entropy`` does; returns (loss, z_loss)."""
+def reduce_ce(ce: torch.Tensor, zl: torch.Tensor, reduction, ce_scale, z_scale):
+    """Combine per-row ce and z-loss as ``fused_linear_cross_entropy`` does, with the scales of
+    :func:`ce_torch.loss_scales`; returns fp32 (loss, z_loss)."""
     if reduction == "none":
         return ce + zl, zl
     if reduction == "sum":
         return ce.sum() + zl.sum(), zl.sum()
-    _, n_valid, denom = ce_torch.denominators(target, ignore_index, class_weights)
-    z = zl.sum() / n_valid.clamp(min=1.0)
-    c = torch.where(denom > 0, ce.sum() / denom.clamp(min=1e-30), torch.zeros_like(denom))
-    return c + z, z
+    z = zl.sum() * z_scale
+    return ce.sum() * ce_scale + z, z
 
 
 def cross_entropy_torch(
@@ -30,7 +30,10 @@ def cross_entropy_torch(
     softcap: float | None = None,
     lse_square_scale: float = 0.0,
     class_weights: torch.Tensor | None = None,
-) -> torch.Tensor:
+    argmax_mode: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 ``(loss, z_loss, predicted)``: ``predicted`` is the row argmax (-1 on ignored rows) when
+    ``argmax_mode`` is set, else empty."""
     if not torch.compiler.is_compiling():  # traced: no graph break; gather checks the bounds (labels.py)
         check_labels(target, ignore_index, logits.shape[1])
     ce, zl = ce_torch.ce_rows_differentiable(
@@ -42,4 +45,9 @@ def cross_entropy_torch(
         lse_square_scale=lse_square_scale,
         class_weights=class_weights,
     )
-    return reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)[0]
+    scales = ce_torch.loss_scales(reduction, target, ignore_index, class_weights)
+    loss, z = reduce_ce(ce, zl, reduction, *scales)
+    if not argmax_mode:
+        return loss, z, target.new_empty(0)
+    z_rows = ce_torch.transform_logits(logits.detach(), softcap, 1.0)
+    return loss, z, predicted_tokens(z_rows.argmax(-1), target, ignore_index)

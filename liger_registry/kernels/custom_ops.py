@@ -4,6 +4,11 @@ Each op has a fake (meta) implementation and a registered autograd formula, so `
 as one opaque node without a graph break. Each op takes the backend decided by its ``Op`` (``"triton"`` or
 ``"torch"``) as its last argument and does not decide again; with ``"torch"`` it runs the PyTorch formulas, so a
 direct call of ``torch.ops.liger_registry.*`` works everywhere.
+
+Layouts: a fake gives exactly the shape, dtype and strides of its op's outputs on both backends (inductor
+asserts them). The row ops (norms, GLU) write fresh outputs, so writing them contiguous costs nothing and
+their consumers (linear layers) want rows anyway: every output is contiguous, whatever the input's layout, and
+the torch branch makes its result contiguous to agree. RoPE keeps its input's layout (see ``rope``).
 """
 
 from __future__ import annotations
@@ -12,12 +17,18 @@ import torch
 from torch import Tensor
 
 from . import torch_impl, triton_glu, triton_norm, triton_rope
+from .triton_rope_variants import rope_out_like
 
 NS = "liger_registry"
 
 
 def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
+
+
+def _rows_like(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """A new contiguous tensor of x's shape (the layout of every row op's outputs)."""
+    return x.new_empty(x.shape, dtype=dtype or x.dtype)
 
 
 def _eager_function(name: str, impl, setup, backward, aux: tuple[int, ...] = ()):
@@ -58,7 +69,7 @@ def _rms_norm_fwd_impl(
     if backend == "torch":
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps).reshape(-1)
-        return torch_impl.rms_norm_torch(x, weight, eps, offset, casting_mode), rstd
+        return torch_impl.rms_norm_torch(x, weight, eps, offset, casting_mode).contiguous(), rstd
     return triton_norm.rms_norm_fwd(x, weight, eps, offset, casting_mode)
 
 
@@ -68,9 +79,7 @@ rms_norm_fwd = torch.library.custom_op(f"{NS}::rms_norm_fwd", _rms_norm_fwd_impl
 @rms_norm_fwd.register_fake
 def _(x, weight, eps, offset, casting_mode, backend):
     rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 1
-    return x.new_empty(x.shape, dtype=_rms_out_dtype(x, weight, casting_mode)), x.new_empty(
-        rows, dtype=torch.float32
-    )
+    return _rows_like(x, _rms_out_dtype(x, weight, casting_mode)), x.new_empty(rows, dtype=torch.float32)
 
 
 def _rms_norm_bwd_impl(
@@ -86,7 +95,7 @@ def _rms_norm_bwd_impl(
 ) -> tuple[Tensor, Tensor]:
     if backend == "torch":
         dx, dw = torch_impl.rms_norm_bwd_torch(dy, x, weight, eps, offset, casting_mode, need_dw)
-        return dx, dw if dw is not None else _empty(weight)
+        return dx.contiguous(), dw if dw is not None else _empty(weight)
     dx, dw = triton_norm.rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw)
     return dx, dw if dw is not None else _empty(weight)
 
@@ -96,7 +105,7 @@ rms_norm_bwd = torch.library.custom_op(f"{NS}::rms_norm_bwd", _rms_norm_bwd_impl
 
 @rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd, eps, offset, casting_mode, need_dw, backend):
-    return torch.empty_like(x), torch.empty_like(weight) if need_dw else weight.new_empty(0)
+    return _rows_like(x), _rows_like(weight) if need_dw else weight.new_empty(0)
 
 
 def _rms_norm_bwd_inplace_impl(
@@ -116,7 +125,7 @@ rms_norm_bwd_inplace = torch.library.custom_op(
 
 @rms_norm_bwd_inplace.register_fake
 def _(dy, x, weight, rstd, offset, casting_mode, need_dw):
-    return torch.empty_like(weight) if need_dw else weight.new_empty(0)
+    return _rows_like(weight) if need_dw else weight.new_empty(0)
 
 
 def _rms_setup(ctx, inputs, output):
@@ -178,7 +187,7 @@ def _layer_norm_fwd_impl(
     if backend == "torch":
         xf = x.float().reshape(-1, x.shape[-1])
         var, mean = torch.var_mean(xf, -1, unbiased=False)
-        return torch_impl.layer_norm_torch(x, weight, bias, eps), mean, torch.rsqrt(var + eps)
+        return torch_impl.layer_norm_torch(x, weight, bias, eps).contiguous(), mean, torch.rsqrt(var + eps)
     return triton_norm.layer_norm_fwd(x, weight, bias, eps)
 
 
@@ -188,7 +197,7 @@ layer_norm_fwd = torch.library.custom_op(f"{NS}::layer_norm_fwd", _layer_norm_fw
 @layer_norm_fwd.register_fake
 def _(x, weight, bias, eps, backend):
     rows = x.numel() // max(x.shape[-1], 1)
-    return torch.empty_like(x), x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
+    return _rows_like(x), x.new_empty(rows, dtype=torch.float32), x.new_empty(rows, dtype=torch.float32)
 
 
 def _layer_norm_bwd_impl(
@@ -205,6 +214,7 @@ def _layer_norm_bwd_impl(
 ) -> tuple[Tensor, Tensor, Tensor]:
     if backend == "torch":
         dx, dw, db = torch_impl.layer_norm_bwd_torch(dy, x, weight, bias, eps, need_dw, need_db)
+        dx = dx.contiguous()
     else:
         dx, dw, db = triton_norm.layer_norm_bwd(
             dy, x, weight, mean, rstd, need_dw, need_db and bias is not None
@@ -218,9 +228,9 @@ layer_norm_bwd = torch.library.custom_op(f"{NS}::layer_norm_bwd", _layer_norm_bw
 @layer_norm_bwd.register_fake
 def _(dy, x, weight, bias, mean, rstd, eps, need_dw, need_db, backend):
     return (
-        torch.empty_like(x),
-        torch.empty_like(weight) if need_dw else weight.new_empty(0),
-        torch.empty_like(weight) if (need_db and bias is not None) else weight.new_empty(0),
+        _rows_like(x),
+        _rows_like(weight) if need_dw else weight.new_empty(0),
+        _rows_like(weight) if (need_db and bias is not None) else weight.new_empty(0),
     )
 
 
@@ -250,13 +260,21 @@ def layer_norm_triton(x, weight, bias, eps):
 
 
 # ---------------------------------------------------------------- RoPE
+# Outputs keep the layout of q / k (``rope_out_like``): attention passes transposed views of its projections and
+# HF's function returns that layout, which the attention kernel (and the KV cache) then reads; a contiguous
+# output would cost SDPA a transpose copy. The torch branch's result is put in that layout when it differs.
+def _in_rope_layout(result: Tensor, x: Tensor) -> Tensor:
+    out = rope_out_like(x, result.dtype)
+    return result if out.stride() == result.stride() else out.copy_(result)
+
+
 def _rope_op_impl(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool, backend: str
 ) -> tuple[Tensor, Tensor]:
     if backend == "torch":
-        if not backward:
-            return torch_impl.rope_torch(q, k, cos, sin)
-        return torch_impl.rope_bwd_torch(q, k, cos, sin)  # q, k are the incoming grads here
+        fn = torch_impl.rope_bwd_torch if backward else torch_impl.rope_torch  # backward: q, k are the grads
+        q_out, k_out = fn(q, k, cos, sin)
+        return _in_rope_layout(q_out, q), _in_rope_layout(k_out, k)
     return triton_rope.rope_apply(q, k, cos, sin, backward=backward)
 
 
@@ -265,9 +283,11 @@ rope_op = torch.library.custom_op(f"{NS}::rope", _rope_op_impl, mutates_args=())
 
 @rope_op.register_fake
 def _(q, k, cos, sin, backward, backend):
+    if backward:  # the gradients keep their own dtypes
+        return rope_out_like(q, q.dtype), rope_out_like(k, k.dtype)
     return (
-        q.new_empty(q.shape, dtype=torch.promote_types(q.dtype, cos.dtype)),
-        k.new_empty(k.shape, dtype=torch.promote_types(k.dtype, cos.dtype)),
+        rope_out_like(q, torch.promote_types(q.dtype, cos.dtype)),
+        rope_out_like(k, torch.promote_types(k.dtype, cos.dtype)),
     )
 
 
@@ -306,7 +326,7 @@ _GLU_TORCH = {0: torch_impl.swiglu_torch, 1: torch_impl.geglu_torch}
 
 def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int, backend: str) -> Tensor:
     if backend == "torch":
-        return _GLU_TORCH[kind](gate, up)
+        return _GLU_TORCH[kind](gate, up).contiguous()
     return triton_glu.glu_fwd(gate, up, kind)
 
 
@@ -315,12 +335,13 @@ glu_fwd = torch.library.custom_op(f"{NS}::glu_fwd", _glu_fwd_impl, mutates_args=
 
 @glu_fwd.register_fake
 def _(gate, up, kind, backend):
-    return gate.new_empty(gate.shape, dtype=torch.promote_types(gate.dtype, up.dtype))
+    return _rows_like(gate, torch.promote_types(gate.dtype, up.dtype))
 
 
 def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int, backend: str) -> tuple[Tensor, Tensor]:
     if backend == "torch":
-        return torch_impl.glu_bwd_torch(dc, gate, up, kind)
+        da, db = torch_impl.glu_bwd_torch(dc, gate, up, kind)
+        return da.contiguous(), db.contiguous()
     return triton_glu.glu_bwd(dc, gate, up, kind)
 
 
@@ -329,7 +350,7 @@ glu_bwd = torch.library.custom_op(f"{NS}::glu_bwd", _glu_bwd_impl, mutates_args=
 
 @glu_bwd.register_fake
 def _(dc, gate, up, kind, backend):
-    return torch.empty_like(gate), torch.empty_like(up)
+    return _rows_like(gate), _rows_like(up)
 
 
 def _glu_setup(ctx, inputs, output):

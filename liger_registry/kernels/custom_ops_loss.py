@@ -8,6 +8,7 @@ from torch import Tensor
 from . import ce_torch
 from .backward_once import check_backward
 from .ce_inplace import check_inplace_logits, mark_overwritten
+from .ce_output import predicted_tokens
 from .ce_rows import ce_rows_for
 from .cross_entropy import reduce_ce
 from .custom_ops import NS, _call, _eager_function
@@ -29,12 +30,14 @@ def _ce_forward(
     lse_square_scale,
     reduction,
     compute_grad,
+    argmax_mode,
     backend,
     *,
     in_place: bool,
 ):
-    """(loss, z_loss, grad) of rows of ``logits``; the gradient (for grad_output 1) is written in the pass that
-    reads the logits: into a new buffer, or over the logits themselves when ``in_place``."""
+    """fp32 (loss, z_loss), grad and predicted tokens of rows of ``logits``; the gradient (for grad_output 1)
+    and the row argmax (-1 on ignored rows; empty when ``argmax_mode`` is 0) come from the pass that reads the
+    logits; the gradient goes into a new buffer, or over the logits themselves when ``in_place``."""
     target, finish_label_check = start_label_check(target, ignore_index, logits.shape[1])
     buf = logits if logits.stride(-1) == 1 else logits.contiguous()
     if not compute_grad:
@@ -42,7 +45,7 @@ def _ce_forward(
     else:
         grad = buf if in_place else torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
     ce_s, z_s = ce_torch.loss_scales(reduction, target, ignore_index, class_weights)
-    ce, zl, _ = ce_rows_for(backend)(
+    ce, zl, argmax = ce_rows_for(backend)(
         buf,
         target,
         ignore_index=ignore_index,
@@ -55,15 +58,16 @@ def _ce_forward(
         z_grad_scale=z_s,
         row_grad=None,
         compute_grad=compute_grad,
-        argmax_mode=0,
+        argmax_mode=argmax_mode,
         grad_out=grad if compute_grad and not in_place else None,
     )
-    loss, z = reduce_ce(ce, zl, target, ignore_index, class_weights, reduction)
+    loss, z = reduce_ce(ce, zl, reduction, ce_s, z_s)
+    argmax = predicted_tokens(argmax, target, ignore_index) if argmax_mode else target.new_empty(0)
     finish_label_check()  # after the kernels are queued: the host waits for the flag, not before launching
     if compute_grad and in_place:
         mark_overwritten(logits)
         grad = logits.detach()
-    return loss, z, grad
+    return loss, z, grad, argmax
 
 
 def _cross_entropy_fwd_impl(
@@ -76,10 +80,12 @@ def _cross_entropy_fwd_impl(
     lse_square_scale: float,
     reduction: str,
     compute_grad: bool,
+    argmax_mode: int,
     backend: str,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(loss, z_loss, grad); with ``compute_grad`` the gradient of the loss (for grad_output 1) is written into
-    a new buffer in the same pass that reads the logits (the logits themselves are left untouched)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss, z_loss, grad, predicted); with ``compute_grad`` the gradient of the loss (for grad_output 1) is
+    written into a new buffer in the same pass that reads the logits (the logits themselves are left
+    untouched); ``predicted`` is [N] long when ``argmax_mode`` is set, else empty."""
     return _ce_forward(
         logits,
         target,
@@ -90,12 +96,13 @@ def _cross_entropy_fwd_impl(
         lse_square_scale,
         reduction,
         compute_grad,
+        argmax_mode,
         backend,
         in_place=False,
     )
 
 
-def _cross_entropy_inplace_impl(*args) -> tuple[Tensor, Tensor, Tensor]:
+def _cross_entropy_inplace_impl(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """As :func:`_cross_entropy_fwd_impl`, the gradient written over the logits (eager only; see ce_inplace)."""
     return _ce_forward(*args, in_place=True)
 
@@ -116,6 +123,7 @@ def _(
     lse_square_scale,
     reduction,
     compute_grad,
+    argmax_mode,
     backend,
 ):
     shape = (logits.shape[0],) if reduction == "none" else ()
@@ -124,7 +132,9 @@ def _(
         if compute_grad
         else logits.new_empty(0)
     )
-    return logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.float32), grad
+    predicted = target.new_empty((logits.shape[0],) if argmax_mode else (0,))
+    f32 = torch.float32
+    return logits.new_empty(shape, dtype=f32), logits.new_empty(shape, dtype=f32), grad, predicted
 
 
 def _scale_rows_impl(grad: Tensor, grad_output: Tensor) -> None:
@@ -147,21 +157,21 @@ def _ce_setup(ctx, inputs, output):
     ctx.save_for_backward(output[2])
 
 
-def _ce_backward(ctx, grad, _gz, _gg):
+def _ce_backward(ctx, grad, _gz, _gg, _gp):
     check_backward(ctx, "cross_entropy", once=True)
     (g,) = ctx.saved_tensors
     (_scale_rows_impl if getattr(ctx, "eager", False) else scale_rows_)(g, grad)
-    return g, None, None, None, None, None, None, None, None, None
+    return g, None, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{NS}::cross_entropy_fwd", _ce_backward, setup_context=_ce_setup)
 
 
 _CrossEntropyFn = _eager_function(
-    "_CrossEntropyFn", _cross_entropy_fwd_impl, _ce_setup, _ce_backward, aux=(1, 2)
+    "_CrossEntropyFn", _cross_entropy_fwd_impl, _ce_setup, _ce_backward, aux=(1, 2, 3)
 )
 _CrossEntropyInPlaceFn = _eager_function(
-    "_CrossEntropyInPlaceFn", _cross_entropy_inplace_impl, _ce_setup, _ce_backward, aux=(1, 2)
+    "_CrossEntropyInPlaceFn", _cross_entropy_inplace_impl, _ce_setup, _ce_backward, aux=(1, 2, 3)
 )
 
 
@@ -175,11 +185,13 @@ def cross_entropy_fused(
     softcap=None,
     lse_square_scale=0.0,
     class_weights=None,
+    argmax_mode=0,
     inplace_backward=False,
     backend="triton",
 ):
-    """Cross entropy whose gradient is computed in the forward pass (the Triton path; ``backend="torch"`` runs the
-    same contract with PyTorch row math). ``inplace_backward`` writes that gradient over the logits."""
+    """fp32 ``(loss, z_loss, predicted)`` of cross entropy whose gradient is computed in the forward pass (the
+    Triton path; ``backend="torch"`` runs the same contract with PyTorch row math). ``inplace_backward`` writes
+    that gradient over the logits."""
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     args = (
         logits,
@@ -191,6 +203,7 @@ def cross_entropy_fused(
         float(lse_square_scale),
         reduction,
         compute_grad,
+        int(argmax_mode),
         backend,
     )
     if inplace_backward:
@@ -200,8 +213,10 @@ def cross_entropy_fused(
                 "input); pass inplace_backward=False under torch.compile"
             )
         check_inplace_logits(logits)
-        return _CrossEntropyInPlaceFn.apply(*args)[0]
-    return _call(cross_entropy_fwd, _CrossEntropyFn, *args)[0]
+        loss, z, _, predicted = _CrossEntropyInPlaceFn.apply(*args)
+    else:
+        loss, z, _, predicted = _call(cross_entropy_fwd, _CrossEntropyFn, *args)
+    return loss, z, predicted
 
 
 def cross_entropy_triton(logits, target, **options):

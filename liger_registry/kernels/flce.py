@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import NamedTuple
 
 import torch
 
 from .backward_once import check_backward
+from .ce_output import CrossEntropyOutput, argmax_mode_for, ce_output
 from .custom_ops_loss import flce_run_forward, flce_scale_grads
 from .flce_options import FlceOptions, options_from
 from .flce_planner import FlcePlan, plan_for
 from .flce_run import FlceRun
 from .op import Op, register
 
-
-class FLCEOutput(NamedTuple):
-    """Returned when any ``return_*`` flag is set; fields not asked for are ``None``."""
-
-    loss: torch.Tensor
-    z_loss: torch.Tensor | None
-    token_accuracy: torch.Tensor | None
-    predicted_tokens: torch.Tensor | None
+FLCEOutput = CrossEntropyOutput  # the name this output had before cross_entropy returned it too
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):
@@ -155,8 +148,9 @@ def fused_linear_cross_entropy(
     loss; ``mean`` divides it by the number of non-ignored tokens). All targets ignored -> loss 0 with zero
     gradients. Chunked as :func:`flce_plan` plans it within the budget of the options.
     Gradients come back in hidden's / weight's dtype; ``accum_dtype=torch.float32`` accumulates dW in fp32.
-    Returns the loss, or :class:`FLCEOutput` when any ``return_*`` flag is set (``token_accuracy`` is the
-    fraction of non-ignored tokens whose argmax is the target; ``predicted_tokens`` the argmax of every row).
+    Returns the loss, or :class:`CrossEntropyOutput` when any ``return_*`` flag is set (``token_accuracy`` is
+    the fraction of non-ignored tokens whose argmax is the target; ``predicted_tokens`` the argmax of each row,
+    -1 on ignored rows).
     """
     opts = options_from(options, option_fields)
     _check_shapes(hidden, weight, target, bias, class_weights)
@@ -164,19 +158,19 @@ def fused_linear_cross_entropy(
     plan = plan_for(
         hidden.shape[0], hidden.shape[1], weight.shape[0], opts, hidden.dtype, hidden.device, weight_grad
     )
-    argmax_mode = 2 if return_predicted_tokens else (1 if return_token_accuracy else 0)
+    argmax_mode = argmax_mode_for(return_token_accuracy, return_predicted_tokens)
     loss, z_loss, n_correct, argmax = FUSED_LINEAR_CROSS_ENTROPY(
         hidden, weight, target, bias, class_weights, opts, plan, argmax_mode
     )
-    if not (return_z_loss or return_token_accuracy or return_predicted_tokens):
-        return loss
     acc = None
     if return_token_accuracy:
-        n_valid = (target != opts.ignore_index).sum().clamp(min=1)
-        acc = n_correct.to(torch.float32) / n_valid
-    return FLCEOutput(
+        acc = n_correct.to(torch.float32) / (target != opts.ignore_index).sum().clamp(min=1)
+    return ce_output(
         loss,
-        z_loss if return_z_loss else None,
+        z_loss,
         acc,
-        argmax if return_predicted_tokens else None,
+        argmax,
+        return_z_loss=return_z_loss,
+        return_token_accuracy=return_token_accuracy,
+        return_predicted_tokens=return_predicted_tokens,
     )

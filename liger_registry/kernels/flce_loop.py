@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import ce_torch
+from .ce_output import predicted_tokens
 from .flce_run import FlceRun
 from .flce_tokens import token_loop
 from .flce_vocab import vocab_loop
@@ -22,7 +23,8 @@ def flce_compute(
     """Returns ``(loss, z_loss, n_correct, argmax, dh, dw, db)``.
 
     ``loss``/``z_loss`` are reduced (or per token for ``none``); the gradients are those of ``loss`` (times
-    ``row_grad`` per token when given), ``None`` where ``need`` (dh, dw, db) says so; ``argmax`` is [N] or empty.
+    ``row_grad`` per token when given), ``None`` where ``need`` (dh, dw, db) says so; ``argmax`` is [N] (-1 on
+    ignored rows) or empty.
     """
     opts = run.options
     device = hidden.device
@@ -45,6 +47,7 @@ def flce_compute(
         z_loss = z * z_scale if z is not None else zero
         loss = ce * ce_scale + z_loss
     if argmax is not None:
+        argmax = predicted_tokens(argmax, target, opts.ignore_index)
         n_correct = ((argmax == target) & (target != opts.ignore_index)).sum()
     else:
         n_correct = torch.zeros((), dtype=torch.long, device=device)

@@ -158,6 +158,15 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def rope_out_like(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The output of rotating ``x``: x's layout (a seq-first view stays seq-first; a non-dense one, e.g. q sliced
+    from a fused qkv projection, gets the dense layout of the same dim order), contiguous when x's last dim is
+    not unit-stride (the kernel reads a contiguous copy then). Shared with the custom ops' fakes."""
+    if x.stride(-1) != 1:
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
+    return torch.empty_like(x, dtype=dtype)
+
+
 def _bstride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] != 1 else 0
 
@@ -182,8 +191,7 @@ def rope_variant_apply(
     q, k, cos, sin = _unit_last(q), _unit_last(k), _unit_last(cos), _unit_last(sin)
     bsz, n_qh, seq, hd = q.shape
     n_kh = k.shape[1]
-    out_q = torch.empty_like(q, dtype=q_dtype)  # same layout as q (a seq-first view stays seq-first)
-    out_k = torch.empty_like(k, dtype=k_dtype)
+    out_q, out_k = rope_out_like(q, q_dtype), rope_out_like(k, k_dtype)
     if bsz * seq == 0 or (n_qh == 0 and n_kh == 0):
         return out_q, out_k
     half = rotary_dim // 2

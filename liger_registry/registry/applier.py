@@ -12,7 +12,7 @@ from torch import nn
 from liger_registry.registry.backends import decide_backends
 from liger_registry.registry.class_wide import class_wide_conflicts
 from liger_registry.registry.configure import configure, unwrap_model
-from liger_registry.registry.errors import PatchError, RegistryError
+from liger_registry.registry.errors import PatchError, RegistryError, UnsupportedModelError
 from liger_registry.registry.foreign import refuse_foreign
 from liger_registry.registry.handle import PatchHandle
 from liger_registry.registry.loader import Registry
@@ -53,11 +53,12 @@ def apply(
     strict: bool = True,
     registry: Registry | None = None,
     **overrides: Any,
-) -> PatchHandle:
+) -> PatchHandle | None:
     """Install the family's kernels and forward into a model instance, or into its classes by model_type.
 
     Overrides are knob names (rms_norm=False, chunk_mem_const=8, skip_logits="never", ...); an unknown one
-    is an error. Idempotent: applying the same configuration again returns the same handle.
+    is an error. Idempotent: applying the same configuration again returns the same handle. A model type no
+    family serves is an UnsupportedModelError, or with strict=False a warning and None (nothing is patched).
     """
     with LOCK:
         return _apply(model_or_model_type, policy, strict, registry, overrides)
@@ -65,8 +66,14 @@ def apply(
 
 def _apply(
     model_or_model_type, policy, strict: bool, registry: Registry | None, overrides: dict
-) -> PatchHandle:
-    config = configure(model_or_model_type, policy, registry, **overrides)
+) -> PatchHandle | None:
+    try:
+        config = configure(model_or_model_type, policy, registry, **overrides)
+    except UnsupportedModelError as exc:
+        if strict:
+            raise
+        warnings.warn(f"liger_registry: {exc} strict=False: left unpatched.", stacklevel=4)
+        return None
     is_type = isinstance(model_or_model_type, str)
     model = None if is_type else unwrap_model(model_or_model_type)
     key = config.family if is_type else model
@@ -131,7 +138,8 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
     """`with patched(model): ...` applies on entry and reverts on exit, also when the body raises.
 
     On a model (or model type) that is already patched the same way the block finds that patch and leaves it in
-    place on exit: a block restores exactly the state it found (nested blocks too).
+    place on exit: a block restores exactly the state it found (nested blocks too). It yields None where apply
+    returns None (strict=False on a model type no family serves).
     """
     with LOCK:
         active_before = {id(h) for h in RECORD.handles()}
@@ -139,7 +147,7 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
     try:
         yield handle
     finally:
-        if id(handle) not in active_before:
+        if handle is not None and id(handle) not in active_before:
             handle.revert()
 
 

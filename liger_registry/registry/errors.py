@@ -29,8 +29,9 @@ class UnsupportedModelError(ValueError):
         hint = f" Did you mean {close[0]!r}?" if close else ""
         super().__init__(
             f"no liger_registry family serves model_type {model_type!r}.{hint} "
-            f"Supported: {', '.join(self.supported)}. Add a YAML entry (see `liger-registry schema`) "
-            "in a directory passed to load_registry() or LIGER_REGISTRY_PATH."
+            f"Supported: {', '.join(self.supported)}. Draft a YAML entry with "
+            f"`liger-registry scaffold {model_type}` (see `liger-registry schema`) in a directory passed to "
+            "load_registry() or LIGER_REGISTRY_PATH."
         )
 
 

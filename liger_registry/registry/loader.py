@@ -12,7 +12,7 @@ from pathlib import Path
 
 from liger_registry.forwards.registry import forward_names
 from liger_registry.registry.errors import RegistryError, RegistryWarning, UnsupportedModelError, suggest
-from liger_registry.registry.yaml_source import load_model, load_yaml, shorten, validate_model
+from liger_registry.registry.yaml_source import load_model, parse_yaml, shorten, validate_model
 from liger_registry.schemas import KINDS, FamilyEntry, PolicyFile
 
 BUNDLED_FAMILIES = Path(__file__).parent / "families"
@@ -41,6 +41,7 @@ class Registry:
     families: dict[str, LoadedFamily] = field(default_factory=dict)
     by_model_type: dict[str, str] = field(default_factory=dict)
     policies: list[LoadedPolicy] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # files of LIGER_REGISTRY_PATH not loaded, and why
 
     def family_for(self, model_type: str) -> LoadedFamily:
         name = self.by_model_type.get(model_type)
@@ -163,20 +164,27 @@ def code_problems(loaded: LoadedFamily) -> list[str]:
     return problems
 
 
-def _add_family(registry: Registry, loaded: LoadedFamily, problems: list[str]) -> None:
+def duplicate_problem(registry: Registry, entry: FamilyEntry, path: Path) -> str | None:
+    """A family name or model type that an earlier file of the registry already has, naming both files."""
+    if entry.family in registry.families:
+        return f"{path}: family {entry.family!r} is already defined in {registry.families[entry.family].path}"
+    for model_type in entry.model_types:
+        if model_type in registry.by_model_type:
+            other = registry.families[registry.by_model_type[model_type]].path
+            return f"{path}: model_type {model_type!r} is already served by {other}"
+    return None
+
+
+def _add_family(registry: Registry, loaded: LoadedFamily, source: str, problems: list[str]) -> None:
+    """A duplicate from LIGER_REGISTRY_PATH is skipped (Registry.skipped; a warning): a variable read by every
+    process must not break every apply; one passed to load_registry() is an error of that call."""
     entry = loaded.entry
     if found := code_problems(loaded):
         problems.extend(found)
         return
-    if entry.family in registry.families:
-        other = registry.families[entry.family].path
-        problems.append(f"{loaded.path}: family {entry.family!r} is already defined in {other}")
+    if duplicate := duplicate_problem(registry, entry, loaded.path):
+        (registry.skipped if source == PATH_VARIABLE else problems).append(duplicate)
         return
-    for model_type in entry.model_types:
-        if model_type in registry.by_model_type:
-            other = registry.families[registry.by_model_type[model_type]].path
-            problems.append(f"{loaded.path}: model_type {model_type!r} is already served by {other}")
-            return
     registry.families[entry.family] = loaded
     registry.by_model_type.update(dict.fromkeys(entry.model_types, entry.family))
 
@@ -184,16 +192,17 @@ def _add_family(registry: Registry, loaded: LoadedFamily, problems: list[str]) -
 def _load_file(registry: Registry, path: Path, source: str, problems: list[str]) -> None:
     """One family or policy file into the registry, or its problems into `problems` (never another exception)."""
     try:
-        data, node = load_yaml(path)
+        parsed = parse_yaml(path)
     except RegistryError as exc:
         problems.extend(exc.problems or [str(exc)])
         return
-    kind = _kind(data)
+    data, kind = parsed.data, _kind(parsed.data)
     try:
         if kind == "policy":
-            registry.policies.append(LoadedPolicy(validate_model(path, PolicyFile, data, node), path, source))
+            registry.policies.append(LoadedPolicy(validate_model(path, PolicyFile, parsed), path, source))
         else:
-            _add_family(registry, LoadedFamily(validate_model(path, FamilyEntry, data, node), path), problems)
+            loaded = LoadedFamily(validate_model(path, FamilyEntry, parsed), path)
+            _add_family(registry, loaded, source, problems)
     except RegistryError as exc:
         problems.extend(exc.problems or [str(exc)])
         # the schema failed; the forward name is still checked, so one run reports both
@@ -202,6 +211,9 @@ def _load_file(registry: Registry, path: Path, source: str, problems: list[str])
 
 
 def _load_directory(registry: Registry, directory: Path, source: str, problems: list[str]) -> None:
+    if directory.exists() and not directory.is_dir():
+        problems.append(f"{directory}: is not a directory ({_named_by(source)}, a registry directory)")
+        return
     if not directory.is_dir():
         problems.append(f"{directory}: registry directory does not exist ({_named_by(source)})")
         return
@@ -229,7 +241,8 @@ def load_registry(*extra_dirs: str | os.PathLike) -> Registry:
 
     Every problem of every file is collected and raised at once as one RegistryError, each naming its file
     (unreadable, not UTF-8, a directory, a dangling link, an alias bomb, too deep, a duplicate key). A plugin
-    is the exception: its problems skip that plugin with a RegistryWarning (see `plugin_directories`).
+    is the exception: its problems skip that plugin with a RegistryWarning (see `plugin_directories`); so is a
+    family of LIGER_REGISTRY_PATH that duplicates an earlier one (skipped with a RegistryWarning naming both files).
     """
     registry, problems = Registry(), []
     for directory, source in registry_directories(extra_dirs):
@@ -242,6 +255,13 @@ def load_registry(*extra_dirs: str | os.PathLike) -> Registry:
     ]
     if problems:
         raise RegistryError(f"the registry has {len(problems)} problem(s)", problems)
+    if registry.skipped:
+        warnings.warn(
+            f"liger_registry: skipped, each duplicates a family loaded before it ({PATH_VARIABLE}):\n"
+            + "\n".join(f"  - {p}" for p in registry.skipped),
+            RegistryWarning,
+            stacklevel=2,
+        )
     return registry
 
 

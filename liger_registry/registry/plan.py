@@ -23,6 +23,7 @@ from liger_registry.registry.targets import (
     resolve_class,
     resolve_function,
 )
+from liger_registry.registry.trl_head import trl_fused_head
 from liger_registry.schemas import KINDS, FamilyEntry, KernelKind
 from liger_registry.schemas.kernel_kinds import FLCE_KEY
 
@@ -180,6 +181,9 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     if model is not None and (problem := subclass_problem(type(model), cls, "forward")):
         plan.problems.append(f"{FORWARD}: {problem}")
         return
+    if model is not None and (head := trl_fused_head(model)):
+        _keep_trl_head(plan, entry, head)
+        return
     spec = get_forward(entry.forward)
     config = None if model is None else language_config(model.config, entry)
     if spec.fuses and (problems := head_problems(entry, model, config)):  # a forward that reads the head
@@ -200,6 +204,19 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
         )
+
+
+def _keep_trl_head(plan: Plan, entry: FamilyEntry, head: str) -> None:
+    """The model's forward is TRL's fused LM head (its trainer installed it): TRL computes the loss through it
+    without logits, on the decoder that the other kernels patch; replacing it would break TRL's training step."""
+    where = f"the model's forward is TRL's fused LM head ({head}), kept: it computes the loss without logits"
+    if entry.flce.enabled:
+        plan.problems.append(
+            f"{FORWARD}: {where}; apply before building the TRL trainer (TRL then wraps the patched forward), "
+            f"or pass {FLCE_KEY}=False to install the decoder kernels under TRL's head"
+        )
+    else:
+        plan.skipped[FORWARD] = where
 
 
 def original_forward(cls: type) -> Any:

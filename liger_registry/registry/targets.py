@@ -145,13 +145,40 @@ def head_problems(entry: FamilyEntry, model: Any = None, config: Any = None) -> 
             for key, name in names.items()
             if not hasattr(config, name) and name not in head.optional_attrs
         ]
-    if model is not None:
-        problems += [
-            f"family {entry.family!r}: head.{key}: {type(model).__name__} has no attribute {getattr(head, key)!r}"
-            for key in HEAD_MODULE_ATTRS
-            if not hasattr(model, getattr(head, key))
-        ]
+    try:
+        holder = model if model is not None else resolve_class(entry, entry.causal_lm)
+    except RegistryError:  # reported by target_problems
+        return problems
+    problems += [
+        f"family {entry.family!r}: head.{key}: {p}"
+        for key in HEAD_MODULE_ATTRS
+        if (p := _module_problem(holder, getattr(head, key), key == "lm_head"))
+    ]
     return problems
+
+
+def _module_problem(holder: Any, name: str, weighted: bool) -> str | None:
+    """Why attribute `name` of a model (or, before there is one, of its class) is not the module the forward
+    calls: missing, a method or other non-module, or for the head a module without a weight. On a class only
+    what the class itself defines is known (modules are set in __init__)."""
+    from torch import nn
+
+    from liger_registry.forwards.head import active_head
+
+    is_class = isinstance(holder, type)
+    owner = (holder if is_class else type(holder)).__name__
+    value = inspect.getattr_static(holder, name, None) if is_class else getattr(holder, name, None)
+    if is_class and (value is None or isinstance(value, property)):
+        return None  # set by __init__, or computed: only a model can tell
+    if value is None and not hasattr(holder, name):
+        return f"{owner} has no attribute {name!r}"
+    if inspect.isroutine(value) or isinstance(value, (classmethod, staticmethod)):
+        return f"{owner}.{name} is a method, not a module"
+    if not isinstance(value, nn.Module):
+        return f"{owner}.{name} is a {type(value).__name__}, not a module"
+    if weighted and getattr(active_head(value), "weight", None) is None:
+        return f"{owner}.{name} is a {type(value).__name__} without a weight (not an output projection)"
+    return None
 
 
 def target_problems(entry: FamilyEntry) -> list[str]:

@@ -3,6 +3,8 @@ file:line: field messages."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -42,8 +44,13 @@ def _read(path: Path) -> str:
         raise RegistryError(f"{path}: cannot be read: {exc.strerror or exc}") from None
 
 
+class _TooBig(Exception):
+    """A file past the node or depth limit: nothing of it is constructed."""
+
+
 def _shape_problems(path: Path, root: yaml.Node) -> list[str]:
-    """Too many nodes (aliases expanded), too deep, or a key written twice in one mapping (each with its line).
+    """Each key written twice in one mapping, with its line; _TooBig past MAX_NODES (aliases expanded) or
+    MAX_DEPTH.
 
     Iterative and bounded by MAX_NODES, so a recursive or exponential alias graph costs at most that many steps.
     """
@@ -52,47 +59,140 @@ def _shape_problems(path: Path, root: yaml.Node) -> list[str]:
         node, depth = stack.pop()
         count += 1
         if count > MAX_NODES:
-            return [f"{path}: more than {MAX_NODES} YAML nodes with aliases expanded (an alias bomb?)"]
+            raise _TooBig(f"{path}: more than {MAX_NODES} YAML nodes with aliases expanded (an alias bomb?)")
         if depth > MAX_DEPTH:
-            return [f"{path}:{node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels"]
+            raise _TooBig(f"{path}:{node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
         if isinstance(node, yaml.MappingNode):
             seen: dict = {}
             for key, value in node.value:
                 name = key.value if isinstance(key, yaml.ScalarNode) else None
                 if name is not None and name != "<<" and name in seen:
                     problems.append(
-                        f"{path}:{key.start_mark.line + 1}: key {shorten(name, 60)!r} written twice in one "
-                        f"mapping (first at line {seen[name]}); the first would be silently dropped"
+                        (
+                            key.start_mark.line,
+                            f"{path}:{key.start_mark.line + 1}: key {shorten(name, 60)!r} written twice in one "
+                            f"mapping (first at line {seen[name]}); the first would be silently dropped",
+                        )
                     )
                 seen.setdefault(name, key.start_mark.line + 1)
                 stack += [(key, depth + 1), (value, depth + 1)]
         elif isinstance(node, yaml.SequenceNode):
             stack += [(child, depth + 1) for child in node.value]
-    return problems
+    return [text for _, text in sorted(problems)]
 
 
-def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
-    """A file's data and its node tree (for line numbers), parsed once with PyYAML's safe loader, within the
-    limits above; every way a file can fail is a RegistryError naming it."""
-    text = _read(path)
-    loader = None
+@dataclass
+class ParsedYaml:
+    """What parsed of a file: its data and node tree (for line numbers), the syntax-level problems found on the
+    way, and the key path of each line left out so that the rest could parse (what the schema would say of
+    those keys is not said: their lines are reported as not valid YAML)."""
+
+    data: Any
+    node: yaml.Node | None
+    problems: list[str] = field(default_factory=list)
+    left_out: list[tuple[str, ...]] = field(default_factory=list)
+
+
+_KEY = re.compile(r"[ \t]*(?:-[ \t]+)?([A-Za-z_][\w.-]*)[ \t]*:(?:[ \t]|$)")
+_FLOW = "while parsing a flow"
+
+
+def _blank(line: str) -> bool:
+    return not line.strip() or line.lstrip().startswith("#")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _culprit(exc: yaml.YAMLError, lines: list[str]) -> int | None:
+    """The 0-based line to leave out for `exc`: where the flow collection the parser gave up on was opened,
+    else where it stopped (the nearest written line at or above it); None when there is none."""
+    flow = (getattr(exc, "context", None) or "").startswith(_FLOW)
+    problem = getattr(exc, "problem_mark", None)
+    mark = (getattr(exc, "context_mark", None) if flow else None) or problem
+    if mark is None:
+        return None
+    line = min(mark.line, len(lines) - 1)
+    while line >= 0 and _blank(lines[line]):
+        line -= 1
+    return line if line >= 0 else None
+
+
+def _key_path(lines: list[str], line: int) -> tuple[str, ...]:
+    """The keys leading to a line of a block-style file, by indentation."""
+    keys, indent = [], _indent(lines[line]) + 1
+    for text in reversed(lines[: line + 1]):
+        if _blank(text) or _indent(text) >= indent:
+            continue
+        indent = _indent(text)
+        if key := _KEY.match(text):
+            keys.append(key.group(1))
+        if indent == 0:
+            break
+    return tuple(reversed(keys))
+
+
+def _leave_out(lines: list[str], line: int) -> None:
+    """Blank a line and the lines indented under it (the other lines keep their numbers)."""
+    end = line + 1
+    while end < len(lines) and (_blank(lines[end]) or _indent(lines[end]) > _indent(lines[line])):
+        end += 1
+    lines[line:end] = [""] * (end - line)
+
+
+def _syntax_problem(path: Path, exc: yaml.YAMLError, line: int, keys: tuple[str, ...]) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is not None and mark.line != line:
+        problem += f" at line {mark.line + 1}"
+    if context := getattr(exc, "context", None):
+        flow = context.startswith(_FLOW)
+        problem += f" ({context.removeprefix('while parsing a ')} opened here)" if flow else f" ({context})"
+    if "'\\t'" in problem:
+        problem += "; YAML indents with spaces, never tabs"
+    key = keys[0] if keys else "(top level)"
+    return f"{path}:{line + 1}: {key}: not valid YAML: {shorten(problem, 2 * SHOWN)}"
+
+
+def _compose(path: Path, text: str) -> tuple[Any, yaml.Node | None, list[str]]:
+    loader = yaml.SafeLoader(text)  # its reader already refuses control characters
     try:
-        loader = yaml.SafeLoader(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         if node is None:
-            return None, None
-        if problems := _shape_problems(path, node):
-            raise RegistryError(f"{path}: {len(problems)} problem(s)", problems)
-        return loader.construct_document(node), node
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise RegistryError(f"{path}{line}: not valid YAML: {shorten(str(exc), 2 * SHOWN)}") from None
-    except RecursionError:
-        raise RegistryError(f"{path}: nested deeper than the YAML parser can follow") from None
+            return None, None, []
+        shape = _shape_problems(path, node)
+        return loader.construct_document(node), node, shape
     finally:
-        if loader is not None:
-            loader.dispose()
+        loader.dispose()
+
+
+def parse_yaml(path: Path) -> ParsedYaml:
+    """A file parsed with PyYAML's safe loader within the limits above. A line the parser stops at (a tab, a
+    bad indent, an unclosed bracket, an unsafe tag) is reported and left out with the lines under it, and the
+    rest is parsed again: one run reports every problem of the file. Unreadable, too big or too deep: a
+    RegistryError naming the file."""
+    lines = _read(path).split("\n")
+    problems: list[str] = []
+    left_out: list[tuple[str, ...]] = []
+    for _ in range(len(lines) + 1):  # each round blanks at least one written line
+        try:
+            data, node, shape = _compose(path, "\n".join(lines))
+        except yaml.YAMLError as exc:
+            line = _culprit(exc, lines)
+            if line is None:
+                problems.append(_syntax_problem(path, exc, 0, ()))
+                return ParsedYaml(None, None, problems, left_out)
+            left_out.append(_key_path(lines, line))
+            problems.append(_syntax_problem(path, exc, line, left_out[-1]))
+            _leave_out(lines, line)
+            continue
+        except _TooBig as exc:
+            raise RegistryError(str(exc)) from None
+        except RecursionError:
+            raise RegistryError(f"{path}: nested deeper than the YAML parser can follow") from None
+        return ParsedYaml(data, node, problems + shape, left_out)
+    raise RegistryError(f"{path}: not valid YAML", problems)
 
 
 def _node_at(node: yaml.Node | None, loc: tuple) -> yaml.Node | None:
@@ -133,12 +233,28 @@ def _unwrap(annotation: Any) -> Any:
     return models[0] if models else annotation
 
 
+def _related(loc: tuple, keys: tuple[str, ...]) -> bool:
+    """Whether an error at `loc` is about a left-out key: that key, one under it, or one holding it."""
+    names = tuple(str(p) for p in loc if isinstance(p, str))
+    if not keys:
+        return False
+    common = min(len(names), len(keys))
+    return names[:common] == keys[:common]
+
+
 def format_errors(
-    path: Path, model: type[BaseModel], exc: ValidationError, node: yaml.Node | None
+    path: Path,
+    model: type[BaseModel],
+    exc: ValidationError,
+    node: yaml.Node | None,
+    left_out: list[tuple[str, ...]] = (),
 ) -> list[str]:
+    """file:line: field: message for each error, but those about keys left out of a file that did not parse."""
     problems = []
     for err in exc.errors():
         loc = tuple(err["loc"])
+        if any(_related(loc, keys) for keys in left_out):
+            continue
         field = ".".join(str(p) for p in loc) or "(top level)"
         where = _node_at(node, loc)
         line = f":{where.start_mark.line + 1}" if where is not None else ""
@@ -155,17 +271,23 @@ def format_errors(
     return problems
 
 
-def validate_model(path: Path, model: type[M], data: Any, node: yaml.Node | None) -> M:
-    """Validate parsed YAML against a schema; every problem in it is reported at once, each with its line."""
-    if not isinstance(data, dict):
-        raise RegistryError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = format_errors(path, model, exc, node)
-        raise RegistryError(f"{path}: {len(problems)} problem(s)", problems) from None
+def validate_model(path: Path, model: type[M], parsed: ParsedYaml) -> M:
+    """Validate a parsed file against a schema: its syntax problems and its schema problems, all at once, each
+    with its line."""
+    problems = list(parsed.problems)
+    if isinstance(parsed.data, dict):
+        try:
+            result = model.model_validate(parsed.data)
+        except ValidationError as exc:
+            problems += format_errors(path, model, exc, parsed.node, parsed.left_out)
+        else:
+            if not problems:
+                return result
+    elif not problems:
+        raise RegistryError(f"{path}: expected a mapping at the top level, got {type(parsed.data).__name__}")
+    raise RegistryError(f"{path}: {len(problems)} problem(s)", problems)
 
 
 def load_model(path: Path, model: type[M]) -> M:
     """Parse and validate one YAML file; every problem in it is reported at once."""
-    return validate_model(path, model, *load_yaml(path))
+    return validate_model(path, model, parse_yaml(path))

@@ -178,7 +178,6 @@ KINDS: dict[str, KernelKind] = {
             "module forward",
             "liger_registry.modules.glu_variants:relu_squared_module_forward",
             "Fused relu(x) ** 2 on the listed activation modules (ACT2FN['relu2']).",
-            liger_key=None,
         ),
         KernelKind(
             "swiglu_clamped",

@@ -62,13 +62,24 @@ def _load(script: str):
 def test_e2e_jobs_interleave_methods_per_configuration() -> None:
     module = _load("bench_e2e.py")
     jobs = module.jobs_of(module.parse(["--models", "llama,qwen3", "--layers", "2", "--tokens", "4096"]))
-    assert len(jobs) == 2 * 2 * 4  # repeats x configurations x methods
-    for start in range(0, len(jobs), 4):  # each configuration's methods run next to each other
-        block = jobs[start : start + 4]
+    n = len(module.METHODS)
+    assert len(jobs) == 2 * 2 * n  # repeats x configurations x methods
+    for start in range(0, len(jobs), n):  # each configuration's methods run next to each other
+        block = jobs[start : start + n]
         assert len({(j["model"], j["repeat"]) for j in block}) == 1
         assert sorted(j["method"] for j in block) == sorted(module.METHODS)
-    firsts = [jobs[s]["method"] for s in range(0, len(jobs), 4)]
+    firsts = [jobs[s]["method"] for s in range(0, len(jobs), n)]
     assert len(set(firsts)) > 1  # the order rotates, no method always goes first
+
+
+def test_e2e_judges_the_compiled_methods_against_each_other() -> None:
+    module = _load("bench_e2e.py")
+    method = lambda tps: {"tps": tps, "peak": 1.0}  # noqa: E731
+    row = {"methods": {"hf": method(100.0), "hf_compile": method(120.0), "ours_compile": method(114.0)}}
+    module.judge(row)
+    assert row["ratios"]["oc/hc"] == 114.0 / 120.0
+    assert row["targets"]["compiled>=1.0x"] is False
+    assert module.base_method("ours_compile") == "ours" and module.base_method("hf") == "hf"
 
 
 def test_flce_cpu_smoke(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -25,6 +25,7 @@ ROUTER_LOSS_BROKEN = {
     for family in ("granitemoe", "granitemoeshared", "granitemoehybrid", "dbrx")
 }
 RESULTS: list[tuple[Result, str]] = []  # filled by the tests, printed by conftest's terminal summary
+LOGITS_RESULTS: list[tuple[LogitsResult, str]] = []  # likewise, for the with-logits runs
 STEPS = 3
 LR = 1e-3
 
@@ -113,6 +114,14 @@ def record(result: Result, verdict: str) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as out:
             out.write(format_row(result, verdict) + "\n")
+
+
+def record_with_logits(result: LogitsResult, verdict: str) -> None:
+    LOGITS_RESULTS.append((result, verdict))
+    path = os.environ.get("PARITY_ROWS")
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(result.row(verdict) + "\n")
 
 
 def _fused(family: str) -> bool:
@@ -245,4 +254,115 @@ def run_parity(
         ),
         patched=patched,
         losses=[float(x) for x in expected["losses"]],
+    )
+
+
+# The reference library's with-logits setting: fused head off, cross entropy on the materialised logits.
+WITH_LOGITS = {"fused_linear_cross_entropy": False, "cross_entropy": True}
+WITH_LOGITS_STEPS = 24
+TOP_K = 5
+
+
+@dataclass
+class LogitsResult:
+    """Patched (WITH_LOGITS) vs unpatched over training steps whose logits the patched forward must return.
+
+    Each value is the max over the steps: loss relative as Tolerance.loss; logits and the top-k log-probs (at
+    the unpatched run's top-k tokens) relative to 1 + max |unpatched|. The `*_truth` pairs compare each run
+    with an fp32 run of the same model and data (16-bit runs only).
+    """
+
+    family: str
+    device: str
+    dtype: str
+    steps: int
+    loss: float = 0.0
+    logits: float = 0.0
+    topk_logprobs: float = 0.0
+    # 16-bit runs, per quantity: (patched vs fp32, unpatched vs fp32); a gap over the tolerance passes when the
+    # patched run is no further from the fp32 run than the unpatched one is (bf16 noise amplified by training)
+    truth: dict[str, tuple[float, float]] = field(default_factory=dict)
+    patched: list[str] = field(default_factory=list)
+
+    def failures(self, tol: Tolerance) -> list[str]:
+        checks = {
+            "loss": (self.loss, tol.loss, "loss"),
+            "logits": (self.logits, tol.logits, "logits"),
+            "topk_logprobs": (self.topk_logprobs, tol.logits, "logits"),
+        }
+        return [
+            f"{name}: {value:.3g} > {limit:.3g}"
+            for name, (value, limit, basis) in checks.items()
+            if not value <= limit and not self._within_noise(basis)
+        ]
+
+    def _within_noise(self, quantity: str) -> bool:
+        pair = self.truth.get(quantity)
+        return pair is not None and pair[0] <= NOISE_FACTOR * pair[1]
+
+    def row(self, verdict: str) -> str:
+        truth = "".join(
+            f"  {k} vs fp32: {p:.2e} patched, {u:.2e} unpatched" for k, (p, u) in self.truth.items()
+        )
+        return (
+            f"{self.device:<6} {self.dtype:<8} {self.family:<18} steps {self.steps:>3} loss {self.loss:.2e} "
+            f"logits {self.logits:.2e} top{TOP_K} logp {self.topk_logprobs:.2e}  {verdict}{truth}"
+        )
+
+
+def _train_with_logits(family: str, model, batches: list[dict], steps: int) -> dict:
+    """Training steps with labels; every step's loss and logits (the logits must come back)."""
+    optimiser = torch.optim.AdamW(model.parameters(), lr=LR, eps=1e-6)
+    losses, logits = [], []
+    model.train()
+    for step in range(steps):
+        torch.manual_seed(1000 + step)
+        out = _call(family, model, batches[step % len(batches)])
+        if out.logits is None:
+            raise AssertionError(f"{family}: a training forward with labels returned no logits")
+        out.loss.backward()
+        optimiser.step()
+        optimiser.zero_grad(set_to_none=True)
+        losses.append(out.loss.detach().float())
+        logits.append(out.logits.detach().float())
+    return {"losses": torch.stack(losses), "logits": torch.stack(logits)}
+
+
+def _topk_logprob_gap(got: torch.Tensor, want: torch.Tensor) -> float:
+    index = want.topk(TOP_K, dim=-1).indices
+    lp_got = torch.log_softmax(got, -1).gather(-1, index)
+    lp_want = torch.log_softmax(want, -1).gather(-1, index)
+    return float((lp_got - lp_want).abs().max()) / (1 + float(lp_want.abs().max()))
+
+
+def run_with_logits_parity(
+    family: str, device: str = "cpu", dtype: torch.dtype = torch.float32, steps: int = WITH_LOGITS_STEPS
+) -> LogitsResult:
+    """Train unpatched, then patched with WITH_LOGITS, from the same weights on the same data."""
+    entry = REGISTRY.families[family].entry
+    reference = tiny_model(entry.model_types[0], dtype=dtype).to(device)
+    candidate = copy.deepcopy(reference)
+    truth_model = copy.deepcopy(reference).float() if dtype != torch.float32 else None
+    batches = _batches(reference, device)
+    expected = _train_with_logits(family, reference, batches, steps)
+    with L.patched(candidate, **WITH_LOGITS) as handle:
+        patched = [f"{r.kernel}:{r.target}" for r in handle.report.patched]
+        got = _train_with_logits(family, candidate, batches, steps)
+    scale = 1 + float(expected["logits"].abs().max())
+    gap = lambda a, b: float((a - b).abs().max()) / scale  # noqa: E731
+    truth = {}
+    if truth_model is not None:
+        fp32 = _train_with_logits(family, truth_model, batches, steps)
+        truth["loss"] = (_rel(got["losses"], fp32["losses"]), _rel(expected["losses"], fp32["losses"]))
+        truth["logits"] = (gap(got["logits"], fp32["logits"]), gap(expected["logits"], fp32["logits"]))
+    return LogitsResult(
+        family=family,
+        device=device,
+        dtype=str(dtype).removeprefix("torch."),
+        steps=steps,
+        loss=_rel(got["losses"], expected["losses"]),
+        logits=gap(got["logits"], expected["logits"]),
+        topk_logprobs=_topk_logprob_gap(got["logits"], expected["logits"]),
+        truth=truth,
+        patched=patched,
     )

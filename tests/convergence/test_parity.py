@@ -7,7 +7,15 @@ import dataclasses
 import pytest
 import torch
 import transformers
-from parity_harness import BF16, FP32, REGISTRY, record, run_parity
+from parity_harness import (
+    BF16,
+    FP32,
+    REGISTRY,
+    record,
+    record_with_logits,
+    run_parity,
+    run_with_logits_parity,
+)
 
 from liger_registry.registry.loader import LoadedFamily, Registry
 from liger_registry.registry.targets import version_problem
@@ -60,6 +68,33 @@ def test_gpu_bf16(family: str) -> None:
 def test_gpu_bf16_chunk_constants(family: str, chunk_mem_const: int) -> None:
     result = run_parity(family, "cuda", torch.bfloat16, chunk_mem_const)
     _check(result, BF16, required=(family, chunk_mem_const) in REQUIRED_C)
+
+
+HEADED = [f for f in FAMILIES if REGISTRY.families[f].entry.head is not None]
+# CPU: a fixed set covering the head shapes (dense, softcap, logit scale, MoE, multimodal); the GPU runs all.
+WITH_LOGITS_CPU = ["llama", "gemma2", "granite", "cohere", "qwen3_moe", "gpt_oss", "qwen2_vl"]
+
+
+def _check_with_logits(result, tol) -> None:
+    failures = result.failures(tol)
+    record_with_logits(result, "PASS" if not failures else "FAIL")
+    assert any(p.startswith("cross_entropy") for p in result.patched), result.patched
+    assert not failures, f"{result.family} ({result.device}, {result.dtype}, with logits): " + "; ".join(
+        failures
+    )
+
+
+@pytest.mark.parametrize("family", WITH_LOGITS_CPU)
+def test_cpu_fp32_with_logits(family: str) -> None:
+    _skip_broken(family)
+    _check_with_logits(run_with_logits_parity(family, "cpu", torch.float32, steps=6), FP32)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
+@pytest.mark.parametrize("family", HEADED)
+def test_gpu_bf16_with_logits(family: str) -> None:
+    _skip_broken(family)
+    _check_with_logits(run_with_logits_parity(family, "cuda", torch.bfloat16), BF16)
 
 
 def _paligemma_softcaps() -> bool:

@@ -49,3 +49,11 @@ def count_calls(module: torch.nn.Module):
         yield calls
     finally:
         hook.remove()
+
+
+def tiny_gpt2():
+    """A tiny model of a type no bundled family serves (GPT-2)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=64))

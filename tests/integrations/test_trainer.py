@@ -93,3 +93,51 @@ def test_loss_only_mixin_leaves_metric_eval_alone(tmp_path):
         )
         trainer.evaluate()
     assert seen and seen[0][-1] == model.config.vocab_size
+
+
+def _metric_eval(tmp_path, model, cls=Trainer, callbacks=(), **arguments):
+    """evaluate() with a compute_metrics that reads the predictions; returns what it got."""
+    seen = []
+
+    def metrics(pred):
+        seen.append(pred.predictions)
+        return {}
+
+    trainer = cls(
+        model=model,
+        args=args(tmp_path, **arguments),
+        eval_dataset=rows(model, n=4),
+        compute_metrics=metrics,
+        callbacks=list(callbacks),
+    )
+    trainer.evaluate()
+    return seen
+
+
+@pytest.mark.parametrize("route", ["mixin", "callback"])
+def test_skip_logits_labels_warns_when_evaluation_asks_for_predictions(tmp_path, route):
+    model = tiny_model("llama")
+    if route == "mixin":
+        L.apply(model, skip_logits="labels")
+        kwargs = {"cls": LossOnlyTrainer}
+    else:
+        kwargs = {"callbacks": [LigerRegistryCallback(skip_logits="labels")]}
+    with pytest.warns(UserWarning, match="skip_logits='labels'") as caught:
+        seen = _metric_eval(tmp_path, model, **kwargs)
+    assert seen == [()]  # what compute_metrics gets: no logits, as the warning says
+    message = str(next(w.message for w in caught if "skip_logits='labels'" in str(w.message)))
+    assert "skip_logits='auto'" in message and "prediction_loss_only=True" in message
+    L.revert(model)
+
+
+@pytest.mark.parametrize("route", ["mixin", "callback"])
+def test_skip_logits_labels_is_quiet_for_loss_only_evaluation(tmp_path, route, recwarn):
+    model = tiny_model("llama")
+    if route == "mixin":
+        L.apply(model, skip_logits="labels")
+        kwargs = {"cls": LossOnlyTrainer}
+    else:
+        kwargs = {"callbacks": [LigerRegistryCallback(skip_logits="labels")]}
+    assert _metric_eval(tmp_path, model, prediction_loss_only=True, **kwargs) == []
+    assert not [w for w in recwarn if "skip_logits" in str(w.message)]
+    L.revert(model)

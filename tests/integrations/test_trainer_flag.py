@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 import transformers.trainer
-from integration_helpers import args, count_calls, losses, rows
+from integration_helpers import args, count_calls, losses, rows, tiny_gpt2
 from transformers import Trainer
 
 import liger_registry as L
@@ -124,3 +124,108 @@ def test_route_with_the_callback_patches_once(tmp_path):
     assert handles == [] and len(callback.handles) == 1  # the callback patched first; the hook left it
     assert "rms_norm" not in _kernels(model)
     callback.revert()
+
+
+DIFFERENT = {"swiglu": False, "fused_linear_cross_entropy": False}
+
+
+def _refused_by(route: str, model, tmp_path, config) -> str:
+    """The error of building (callback) or training (flag) a Trainer on `model` with `liger_kernel_config`."""
+    if route == "callback":
+        callback = LigerRegistryCallback(liger_kernel_config=config)
+        with pytest.raises(L.PatchError) as info:
+            Trainer(model=model, args=args(tmp_path), train_dataset=rows(model), callbacks=[callback])
+        assert callback.handles == []
+        return str(info.value)
+    trainer = Trainer(
+        model=model,
+        args=args(tmp_path, use_liger_kernel=True, liger_kernel_config=config),
+        train_dataset=rows(model),
+    )
+    with use_liger_kernel_flag() as handles, pytest.raises(L.PatchError) as info:
+        trainer.train()
+    assert handles == []
+    return str(info.value)
+
+
+@pytest.mark.parametrize("route", ["callback", "flag"])
+def test_a_config_that_differs_from_the_patch_is_refused_naming_the_difference(tmp_path, route):
+    model = tiny_model("llama")
+    handle = L.apply(model)
+    message = _refused_by(route, model, tmp_path, DIFFERENT)
+    assert "kernels.swiglu.enabled: patched True, asked False" in message
+    assert "flce.enabled: patched True, asked False" in message
+    assert "revert" in message
+    assert L.patch_handle(model) is handle  # nothing was changed: SwiGLU and the fused loss are still on
+    assert {"swiglu", "forward"} <= _kernels(model) and handle.report.config.entry.flce.enabled
+    handle.revert()
+
+
+@pytest.mark.parametrize("route", ["callback", "flag"])
+def test_a_kernel_asked_on_that_the_patch_has_off_is_refused(tmp_path, route):
+    model = tiny_model("llama")
+    handle = L.apply(model, swiglu=False, chunk_mem_const=4)
+    message = _refused_by(route, model, tmp_path, {"swiglu": True, "chunk_mem_const": 4})
+    assert "kernels.swiglu.enabled: patched False, asked True" in message
+    assert "chunk_mem_const" not in message  # the keys that agree are not named
+    assert L.patch_handle(model) is handle
+    handle.revert()
+
+
+def test_a_config_that_agrees_with_the_patch_keeps_it(tmp_path):
+    """Keys the config names must agree; keys it leaves out keep the patch's values (applied with options)."""
+    model = tiny_model("llama")
+    handle = L.apply(model, rms_norm=False, chunk_mem_const=4)
+    config = {"rms_norm": False, "swiglu": True}
+    callback = LigerRegistryCallback(liger_kernel_config=config)
+    Trainer(model=model, args=args(tmp_path), train_dataset=rows(model), callbacks=[callback])
+    trainer = Trainer(
+        model=model,
+        args=args(tmp_path, use_liger_kernel=True, liger_kernel_config=config, max_steps=1),
+        train_dataset=rows(model),
+    )
+    with use_liger_kernel_flag() as handles:
+        trainer.train()
+    assert handles == [] and callback.handles == [] and L.patch_handle(model) is handle
+    handle.revert()
+
+
+def test_strict_false_trains_a_model_type_without_a_family_unpatched(tmp_path):
+    reference = Trainer(model=tiny_gpt2(), args=args(tmp_path), train_dataset=rows(tiny_gpt2()))
+    reference.train()
+    model = tiny_gpt2()
+    trainer = Trainer(model=model, args=args(tmp_path, use_liger_kernel=True), train_dataset=rows(model))
+    with use_liger_kernel_flag() as handles, pytest.raises(L.UnsupportedModelError, match="scaffold gpt2"):
+        trainer.train()
+    model = tiny_gpt2()
+    trainer = Trainer(
+        model=model,
+        args=args(tmp_path, use_liger_kernel=True, liger_kernel_config={"swiglu": False}),
+        train_dataset=rows(model),
+    )
+    with use_liger_kernel_flag(strict=False) as handles, pytest.warns(UserWarning, match="scaffold gpt2"):
+        trainer.train()
+    assert handles == [] and L.patch_handle(model) is None
+    assert losses(trainer) == losses(reference)  # unpatched: the same computation
+
+
+def test_the_callback_with_strict_false_leaves_an_unsupported_model_unpatched(tmp_path):
+    model = tiny_gpt2()
+    with pytest.raises(L.UnsupportedModelError, match="scaffold gpt2"):
+        Trainer(model=model, args=args(tmp_path), callbacks=[LigerRegistryCallback()])
+    callback = LigerRegistryCallback(strict=False, liger_kernel_config={"rope": False})
+    with pytest.warns(UserWarning, match="scaffold gpt2"):
+        trainer = Trainer(model=model, args=args(tmp_path), train_dataset=rows(model), callbacks=[callback])
+        trainer.train()
+    assert callback.handles == [] and L.patch_handle(model) is None
+
+
+def test_the_flags_own_overrides_count_as_asked(tmp_path):
+    model = tiny_model("llama")
+    handle = L.apply(model)
+    trainer = Trainer(model=model, args=args(tmp_path, use_liger_kernel=True), train_dataset=rows(model))
+    with use_liger_kernel_flag(chunk_mem_const=8), pytest.raises(L.PatchError) as info:
+        trainer.train()
+    assert "flce.chunk_mem_const: patched 1, asked 8" in str(info.value)
+    assert L.patch_handle(model) is handle
+    handle.revert()

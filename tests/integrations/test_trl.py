@@ -52,12 +52,29 @@ def test_sft_trainer_losses_and_token_accuracy_match_unpatched(tmp_path):
     assert history(trainer, "mean_token_accuracy") == pytest.approx(history(reference, "mean_token_accuracy"))
 
 
-def test_applying_after_the_sft_trainer_is_built_is_a_clear_error(tmp_path):
+def test_applying_fused_loss_after_the_sft_trainer_is_built_is_a_clear_error(tmp_path):
     model = tiny_model("llama")
-    trainer = sft(tmp_path, model, steps=1)
-    with L.patched(model):
-        with pytest.raises(ValueError, match="Apply liger_registry before building the trainer"):
-            trainer.train()
+    sft(tmp_path, model, steps=1)
+    trl_head = vars(model)["forward"]
+    with pytest.raises(L.PatchError, match="TRL's fused LM head") as info:
+        L.apply(model)
+    assert "apply before building the TRL trainer" in str(info.value)
+    assert "fused_linear_cross_entropy=False" in str(info.value)
+    assert vars(model)["forward"] is trl_head and L.patch_handle(model) is None
+
+
+def test_decoder_kernels_go_under_the_head_of_a_built_sft_trainer(tmp_path):
+    reference = sft(tmp_path, tiny_model("llama"))
+    reference.train()
+    model = tiny_model("llama")
+    trainer = sft(tmp_path, model)
+    trl_head = vars(model)["forward"]
+    with L.patched(model, fused_linear_cross_entropy=False) as handle:
+        assert vars(model)["forward"] is trl_head
+        assert {"rms_norm", "rope", "swiglu"} <= {r.kernel for r in handle.report.patched}
+        assert "TRL's fused LM head" in handle.report.skipped["forward"]
+        trainer.train()
+    assert history(trainer, "loss") == pytest.approx(history(reference, "loss"), rel=1e-5)
 
 
 @pytest.mark.parametrize("skip_logits", [True, False])

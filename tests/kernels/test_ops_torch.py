@@ -97,7 +97,9 @@ def test_cross_entropy(opts, reduction):
     if opts.get("class_weights"):
         opts["class_weights"] = torch.rand(40, generator=_g(3)) + 0.5
     softcap = opts.pop("softcap", None)
-    got = K.cross_entropy(logits, target, reduction=reduction, softcap=softcap, **opts)
+    weight = opts.pop("class_weights", None)
+    got = K.cross_entropy(logits, target, weight, reduction=reduction, softcap=softcap, **opts)
+    opts["class_weights"] = weight
     z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
     ref, _ = ce_reference(z, target, reduction=reduction, **opts)
     torch.testing.assert_close(got, ref)

@@ -57,7 +57,7 @@ def _tour():
     t = torch.randint(0, v, (4,), generator=_g(10))
     _backward(K.cross_entropy(logits, t))
     _backward(K.cross_entropy(logits, t, label_smoothing=0.1, softcap=20.0, lse_square_scale=1e-4))
-    _backward(K.cross_entropy(logits, t, class_weights=torch.rand(v, generator=_g(11))))
+    _backward(K.cross_entropy(logits, t, torch.rand(v, generator=_g(11))))
     h = torch.randn(6, 32, generator=_g(12), requires_grad=True)
     hw = torch.randn(v, 32, generator=_g(13), requires_grad=True)
     tt = torch.randint(0, v, (6,), generator=_g(14))

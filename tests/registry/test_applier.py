@@ -196,3 +196,26 @@ def test_patched_model_trains_with_same_gradients(llama):
         llama(**batch).loss.backward()
     for name, param in llama.named_parameters():
         torch.testing.assert_close(param.grad, reference[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("head", "says"),
+    [
+        (
+            {"lm_head": "save_pretrained"},
+            "head.lm_head: LlamaForCausalLM.save_pretrained is a method, not a module",
+        ),
+        ({"lm_head": "model"}, "head.lm_head: LlamaForCausalLM.model is a LlamaModel without a weight"),
+        ({"base_model": "config"}, "head.base_model: LlamaForCausalLM.config is a LlamaConfig, not a module"),
+    ],
+)
+def test_a_head_attribute_that_is_no_module_is_refused_at_apply(llama, head, says):
+    from liger_registry.registry.loader import LoadedFamily, Registry
+
+    loaded = liger_registry.load_registry().family_for("llama")
+    entry = loaded.entry.model_copy(update={"head": loaded.entry.head.model_copy(update=head)})
+    registry = Registry({"llama": LoadedFamily(entry, loaded.path)}, {"llama": "llama"})
+    before = snapshot(llama)
+    with pytest.raises(PatchError, match=says):
+        liger_registry.apply(llama, registry=registry)
+    assert snapshot(llama) == before

@@ -1,0 +1,223 @@
+"""The reference library's `apply_liger_kernel_to_<type>` functions, one table row each, over `liger_registry.apply`.
+
+Each generated function has the reference's signature (parameter names, order, documented defaults), so tools
+that read it (`inspect.signature`, kwargs filters) see what they expect. What it does differs on purpose:
+
+- an argument passed is an override of `apply` (`rope=False` -> `apply(..., rope=False)`); an argument left out
+  keeps the family entry's choice, which may differ from the reference's default (see the README);
+- `model=None` patches the classes of the function's own model type (`apply("<type>")`), as the reference does;
+  a model patches that instance only, and must be of a model type the function serves;
+- unknown keyword arguments raise, as they do in `apply`; the handle of the patch is returned (revert with it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import liger_registry
+
+SWIGLU = ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "swiglu", "model")
+GEGLU = ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "geglu", "model")
+GEGLU_LN = ("rope", "cross_entropy", "fused_linear_cross_entropy", "layer_norm", "rms_norm", "geglu", "model")
+SWIGLU_LN = (
+    "rope",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+    "layer_norm",
+    "rms_norm",
+    "swiglu",
+    "model",
+)
+VISION_LN = ("cross_entropy", "fused_linear_cross_entropy", "rms_norm", "layer_norm", "model")
+CE_OFF = frozenset({"cross_entropy"})
+ROPE_CE_OFF = frozenset({"rope", "cross_entropy"})
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One `apply_liger_kernel_to_<name>` of the reference library.
+
+    `params`: its parameters in order (`model` included, default None); a switch defaults to True unless it is
+    in `off`. `model_types`: the `config.model_type` values the reference maps to it (default: `name` alone).
+    `forwards_kwargs`: it takes `**kwargs` (kernel switches it hands on to the language model's function).
+    """
+
+    name: str
+    params: tuple[str, ...] = SWIGLU
+    off: frozenset[str] = CE_OFF
+    model_types: tuple[str, ...] = ()
+    forwards_kwargs: bool = False
+
+    @property
+    def function_name(self) -> str:
+        return f"apply_liger_kernel_to_{self.name}"
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return self.model_types or (self.name,)
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        return tuple(p for p in self.params if p != "model")
+
+    def default(self, param: str) -> bool | None:
+        return None if param == "model" else param not in self.off
+
+    def signature(self) -> inspect.Signature:
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [
+            inspect.Parameter(p, kind, default=self.default(p), annotation="PreTrainedModel | None")
+            if p == "model"
+            else inspect.Parameter(p, kind, default=self.default(p), annotation=bool)
+            for p in self.params
+        ]
+        if self.forwards_kwargs:
+            params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+        return inspect.Signature(params, return_annotation="PatchHandle")
+
+
+# liger-kernel 0.8.5, transformers/monkey_patch.py, in its order.
+ENTRY_POINTS: tuple[EntryPoint, ...] = (
+    EntryPoint("granite", off=frozenset({"fused_linear_cross_entropy"})),
+    EntryPoint("llama"),
+    EntryPoint("smollm3"),
+    EntryPoint("llava", ("cross_entropy", "fused_linear_cross_entropy", "model"), forwards_kwargs=True),
+    EntryPoint(
+        "llama4",
+        ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "swiglu", "model", "layer_norm"),
+        model_types=("llama4_text", "llama4"),
+    ),
+    EntryPoint("mllama", SWIGLU_LN, model_types=("mllama", "mllama_text_model")),
+    EntryPoint("ministral"),
+    EntryPoint("mistral"),
+    EntryPoint(
+        "nemotron",
+        ("relu_squared", "cross_entropy", "fused_linear_cross_entropy", "model"),
+        forwards_kwargs=True,
+    ),
+    EntryPoint("mixtral"),
+    EntryPoint("muse_glimmer", SWIGLU_LN),
+    EntryPoint("pixtral", ("rope", "rms_norm", "swiglu", "model"), off=frozenset()),
+    EntryPoint("gemma", GEGLU),
+    EntryPoint("gemma2", GEGLU),
+    EntryPoint("gemma3_text", GEGLU),
+    EntryPoint("gemma3", GEGLU_LN),
+    EntryPoint("gemma4_text", GEGLU, off=ROPE_CE_OFF),
+    EntryPoint("gemma4", GEGLU_LN, off=ROPE_CE_OFF | {"layer_norm"}),
+    EntryPoint("paligemma", GEGLU_LN),
+    EntryPoint("qwen2"),
+    EntryPoint("qwen3"),
+    EntryPoint("qwen3_moe"),
+    EntryPoint("gpt_oss", off=CE_OFF | {"swiglu"}),
+    EntryPoint(
+        "qwen2_vl",
+        ("rope", "cross_entropy", "fused_linear_cross_entropy", "rms_norm", "layer_norm", "swiglu", "model"),
+        model_types=("qwen2_vl", "qwen2_vl_text"),
+    ),
+    EntryPoint("qwen2_5_vl", model_types=("qwen2_5_vl", "qwen2_5_vl_text")),
+    EntryPoint("qwen3_vl", off=CE_OFF | {"swiglu"}, model_types=("qwen3_vl", "qwen3_vl_text")),
+    EntryPoint("qwen3_vl_moe", model_types=("qwen3_vl_moe", "qwen3_vl_moe_text")),
+    EntryPoint("phi3"),
+    EntryPoint("olmo2"),
+    EntryPoint("olmo3"),
+    EntryPoint("glm4", off=ROPE_CE_OFF),
+    EntryPoint("glm4v", off=ROPE_CE_OFF),
+    EntryPoint("glm4v_moe", off=ROPE_CE_OFF),
+    EntryPoint("internvl", VISION_LN, forwards_kwargs=True),
+    EntryPoint("smolvlm", VISION_LN, forwards_kwargs=True),
+    EntryPoint("falcon_h1"),
+    EntryPoint("qwen3_next", off=ROPE_CE_OFF),
+    EntryPoint("qwen3_5", off=ROPE_CE_OFF, model_types=("qwen3_5", "qwen3_5_text")),
+    EntryPoint("qwen3_5_moe", off=ROPE_CE_OFF, model_types=("qwen3_5_moe", "qwen3_5_moe_text")),
+    EntryPoint("hunyuan_v1_dense"),
+    EntryPoint("hunyuan_v1_moe"),
+    EntryPoint("deepseek_v2", off=ROPE_CE_OFF),
+    EntryPoint("deepseek_v3", off=ROPE_CE_OFF),
+    EntryPoint("deepseek_v4", off=ROPE_CE_OFF | {"swiglu"}),
+    EntryPoint("exaone4"),
+)
+
+BY_MODEL_TYPE: dict[str, EntryPoint] = {t: e for e in ENTRY_POINTS for t in e.types}
+# Every kernel switch any of the functions takes: what `apply_liger_kernel_to` and the **kwargs functions accept.
+SWITCHES: tuple[str, ...] = tuple(dict.fromkeys(s for e in ENTRY_POINTS for s in e.switches))
+
+
+def _unexpected(function: str, names: list[str], allowed: tuple[str, ...]) -> TypeError:
+    return TypeError(
+        f"{function}() got unexpected keyword argument(s) {', '.join(map(repr, names))}; "
+        f"the kernel switches it takes: {', '.join(allowed)}"
+    )
+
+
+def check_switches(function: str, switches: dict[str, Any], allowed: tuple[str, ...] = SWITCHES) -> dict:
+    """The kernel switches, as `apply` overrides; a name that is not a switch is a TypeError naming them."""
+    unknown = [name for name in switches if name not in allowed]
+    if unknown:
+        raise _unexpected(function, unknown, allowed)
+    return dict(switches)
+
+
+def _check_model(entry: EntryPoint, model: Any) -> None:
+    model_type = liger_registry.model_type_of(model)
+    if model_type not in entry.types:
+        other = BY_MODEL_TYPE.get(model_type)
+        use = other.function_name if other else "liger_registry.compat.apply_liger_kernel_to"
+        raise ValueError(
+            f"{entry.function_name}(model=...) serves model_type {', '.join(entry.types)}; this model is "
+            f"{model_type!r}: use {use}(model=...), or liger_registry.apply(model)"
+        )
+
+
+def run_entry_point(entry: EntryPoint, model: Any, switches: dict[str, Any]):
+    """Apply the switches to `model`, or class-wide to the entry's own model type when `model` is None."""
+    if model is None:
+        return liger_registry.apply(entry.name, **switches)
+    _check_model(entry, model)
+    return liger_registry.apply(model, **switches)
+
+
+def make_entry_point(entry: EntryPoint):
+    """The `apply_liger_kernel_to_<name>` function of one row: the reference's signature over `apply`."""
+    signature = entry.signature()
+
+    def apply_liger_kernel_to_type(*args: Any, **kwargs: Any):
+        given = dict(signature.bind(*args, **kwargs).arguments)  # bind: only what the caller passed
+        forwarded = given.pop("kwargs", {})
+        model = given.pop("model", None)
+        switches = {**given, **check_switches(entry.function_name, forwarded)}
+        return run_entry_point(entry, model, switches)
+
+    apply_liger_kernel_to_type.__name__ = apply_liger_kernel_to_type.__qualname__ = entry.function_name
+    apply_liger_kernel_to_type.__signature__ = signature
+    apply_liger_kernel_to_type.__doc__ = (
+        f"liger-kernel's {entry.function_name} over liger_registry.apply: each argument passed is an override, "
+        f"one left out keeps the family entry's choice; model=None patches model_type {entry.name!r} class-wide. "
+        "Returns the PatchHandle."
+    )
+    return apply_liger_kernel_to_type
+
+
+FUNCTIONS: dict[str, Any] = {e.function_name: make_entry_point(e) for e in ENTRY_POINTS}
+MODEL_TYPE_TO_APPLY_LIGER_FN: dict[str, Any] = {
+    t: FUNCTIONS[e.function_name] for t, e in BY_MODEL_TYPE.items()
+}
+
+
+def switches_for(
+    model_type: str, liger_kwargs: dict[str, Any], function: str = "apply_liger_kernel_to"
+) -> dict:
+    """The switches a model type's reference function takes (any switch for a model type the reference does
+    not serve), checked: another name is a TypeError, never filtered away as the reference does."""
+    entry = BY_MODEL_TYPE.get(model_type)
+    allowed = SWITCHES if entry is None or entry.forwards_kwargs else entry.switches
+    return check_switches(function, liger_kwargs, allowed)
+
+
+def apply_liger_kernel_to(model_or_model_type: Any, **liger_kwargs: Any):
+    """The reference's `_apply_liger_kernel(model_type, **kw)` and `_apply_liger_kernel_to_instance(model, **kw)`
+    in one: a model (or a model type, class-wide) and the reference's kernel switches as `apply` overrides."""
+    is_type = isinstance(model_or_model_type, str)
+    model_type = model_or_model_type if is_type else liger_registry.model_type_of(model_or_model_type)
+    return liger_registry.apply(model_or_model_type, **switches_for(model_type, liger_kwargs))

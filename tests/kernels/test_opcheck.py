@@ -1,0 +1,370 @@
+"""torch.library.opcheck of every ``liger_registry`` custom op x backend x the layouts models pass.
+
+Each op's fake must give the real output's shape, dtype and strides (inductor asserts them), its autograd
+registration must hold and its AOT-dispatched result and gradients must match eager. The layouts are those the
+patched models pass: transposed views (attention's q/k, a seq-first batch), rows with a stride larger than the
+row (a half of a fused projection, a slice of a wider buffer), broadcast and per-batch cos/sin, 3-D and 2-D.
+
+Backends: ``torch`` (the PyTorch formulas) and ``triton`` (on CPU through the interpreter, on a GPU compiled).
+Ops without a backend argument (in-place scales, the Triton-only variants) run once. The number of cases
+(ops x backends x layouts) is printed by ``test_every_custom_op_is_checked`` (``-s``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from liger_registry.kernels import triton_utils
+from liger_registry.kernels.flce_options import FlceOptions
+from liger_registry.kernels.flce_run import FlceRun
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_RUNS = DEVICE == "cuda" or triton_utils.INTERPRET_AT_IMPORT
+OPS = torch.ops.liger_registry
+BOTH = ("torch", "triton")
+ONE = ("-",)  # no backend argument: the op runs one implementation
+
+
+def _g(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(*shape, seed=0, dtype=torch.float32, grad=False):
+    t = torch.randn(*shape, generator=_g(seed)).to(device=DEVICE, dtype=dtype)
+    return t.requires_grad_(grad)
+
+
+# ---------------------------------------------------------------- layouts of a [..., n] activation
+def contiguous(shape, seed=0, grad=False, dtype=torch.float32):
+    return rand(*shape, seed=seed, grad=grad, dtype=dtype)
+
+
+def transposed(shape, seed=0, grad=False, dtype=torch.float32):
+    """A dense view with the first two dims swapped in memory (seq-first [S, B, H] seen as [B, S, H])."""
+    base = rand(shape[1], shape[0], *shape[2:], seed=seed, dtype=dtype)
+    return base.transpose(0, 1).detach().requires_grad_(grad)
+
+
+def strided_rows(shape, seed=0, grad=False, dtype=torch.float32):
+    """Rows whose stride is twice their length (one half of a fused projection)."""
+    base = rand(*shape[:-1], 2 * shape[-1], seed=seed, dtype=dtype)
+    return base[..., : shape[-1]].detach().requires_grad_(grad)
+
+
+ROW_LAYOUTS: dict[str, Callable] = {
+    "2d": lambda shape, **kw: contiguous((shape[0] * shape[1], shape[2]), **kw),
+    "3d": contiguous,
+    "3d-transposed": transposed,
+    "3d-strided-rows": strided_rows,
+    "2d-strided-rows": lambda shape, **kw: strided_rows((shape[0] * shape[1], shape[2]), **kw),
+}
+ROW_SHAPE = (2, 3, 24)
+
+
+# ---------------------------------------------------------------- layouts of attention's q / k [B, H, S, D]
+B, HQ, HK, S, D = 2, 4, 2, 5, 8
+
+
+def _qk(layout: str, grad: bool):
+    if layout == "contiguous":
+        return rand(B, HQ, S, D, seed=1, grad=grad), rand(B, HK, S, D, seed=2, grad=grad)
+    if layout == "transposed":  # [B, S, H, D] projections viewed heads-first: every attention layer
+        return (
+            rand(B, S, HQ, D, seed=1).transpose(1, 2).detach().requires_grad_(grad),
+            rand(B, S, HK, D, seed=2).transpose(1, 2).detach().requires_grad_(grad),
+        )
+    if layout == "fused-qkv":  # q and k sliced from one [B, S, (HQ + 2 HK) * D] projection: non-dense
+        qkv = rand(B, S, (HQ + 2 * HK) * D, seed=3)
+        q = qkv[..., : HQ * D].view(B, S, HQ, D).transpose(1, 2)
+        k = qkv[..., HQ * D : (HQ + HK) * D].view(B, S, HK, D).transpose(1, 2)
+        return q.detach().requires_grad_(grad), k.detach().requires_grad_(grad)
+    raise ValueError(layout)
+
+
+def _cos_sin(kind: str, width: int = D):
+    if kind == "broadcast":
+        return rand(1, S, width, seed=4), rand(1, S, width, seed=5)
+    if kind == "per-batch":
+        return rand(B, S, width, seed=4), rand(B, S, width, seed=5)
+    if kind == "expanded":  # one row of positions expanded over the batch: batch stride 0
+        return rand(1, S, width, seed=4).expand(B, S, width), rand(1, S, width, seed=5).expand(B, S, width)
+    raise ValueError(kind)
+
+
+QK_LAYOUTS = ("contiguous", "transposed", "fused-qkv")
+COS_LAYOUTS = ("broadcast", "per-batch", "expanded")
+
+
+# ---------------------------------------------------------------- the cases
+@dataclass(frozen=True)
+class Case:
+    op: str
+    layout: str
+    backends: tuple[str, ...]
+    make: Callable[[str], tuple]  # backend -> the op's arguments
+    test_utils: tuple[str, ...] | None = None  # opcheck's checks (None: all of them)
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}-{self.layout}"
+
+
+def _norm_cases() -> list[Case]:
+    cases = []
+    for name, layout in ROW_LAYOUTS.items():
+
+        def rms(backend, layout=layout, mode="llama"):
+            return (
+                layout(ROW_SHAPE, grad=True),
+                rand(ROW_SHAPE[-1], seed=1, grad=True),
+                1e-6,
+                0.0,
+                mode,
+                backend,
+            )
+
+        def rms_bwd(backend, layout=layout):
+            x = layout(ROW_SHAPE)
+            rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+            dy = layout(ROW_SHAPE, seed=2)
+            return (dy, x, rand(ROW_SHAPE[-1], seed=1), rstd, 1e-6, 0.0, "llama", True, backend)
+
+        def rms_bwd_inplace(_backend, layout=layout):
+            x = layout(ROW_SHAPE)
+            rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+            return (contiguous(x.shape, seed=2), x, rand(ROW_SHAPE[-1], seed=1), rstd, 0.0, "llama", True)
+
+        def ln(backend, layout=layout):
+            h = ROW_SHAPE[-1]
+            return (
+                layout(ROW_SHAPE, grad=True),
+                rand(h, seed=1, grad=True),
+                rand(h, seed=2, grad=True),
+                1e-5,
+                backend,
+            )
+
+        def ln_bwd(backend, layout=layout):
+            x = layout(ROW_SHAPE)
+            xf = x.float().reshape(-1, x.shape[-1])
+            var, mean = torch.var_mean(xf, -1, unbiased=False)
+            h = ROW_SHAPE[-1]
+            dy = layout(ROW_SHAPE, seed=3)
+            w, b = rand(h, seed=1), rand(h, seed=2)
+            return (dy, x, w, b, mean, torch.rsqrt(var + 1e-5), 1e-5, True, True, backend)
+
+        cases += [
+            Case("rms_norm_fwd", name, BOTH, rms),
+            Case("rms_norm_bwd", name, BOTH, rms_bwd),
+            Case("rms_norm_bwd_", name, ("triton",), rms_bwd_inplace),
+            Case("layer_norm_fwd", name, BOTH, ln),
+            Case("layer_norm_bwd", name, BOTH, ln_bwd),
+        ]
+
+    def rms_bf16_gemma(backend):
+        x = contiguous(ROW_SHAPE, grad=True, dtype=torch.bfloat16)
+        return (x, rand(ROW_SHAPE[-1], seed=1, grad=True), 1e-6, 1.0, "gemma", backend)
+
+    def rms_bf16_llama(backend):  # a bf16 activation times an fp32 weight: the result is promoted
+        x = transposed(ROW_SHAPE, grad=True, dtype=torch.bfloat16)
+        return (x, rand(ROW_SHAPE[-1], seed=1, grad=True), 1e-6, 0.0, "llama", backend)
+
+    cases += [
+        Case("rms_norm_fwd", "3d-bf16-gemma", BOTH, rms_bf16_gemma),
+        Case("rms_norm_fwd", "3d-transposed-bf16-fp32-weight", BOTH, rms_bf16_llama),
+    ]
+    return cases
+
+
+def _rope_cases() -> list[Case]:
+    cases = []
+    for qk in QK_LAYOUTS:
+        for cs in COS_LAYOUTS:
+            for backward in (False, True):
+
+                def make(backend, qk=qk, cs=cs, backward=backward):
+                    q, k = _qk(qk, grad=not backward)
+                    return (q, k, *_cos_sin(cs), backward, backend)
+
+                cases.append(Case("rope", f"{qk}-{cs}-{'bwd' if backward else 'fwd'}", BOTH, make))
+    return cases
+
+
+def _glu_cases() -> list[Case]:
+    cases = []
+    for name, layout in ROW_LAYOUTS.items():
+        for kind in (0, 1):
+
+            def fwd(backend, layout=layout, kind=kind):
+                return (layout(ROW_SHAPE, grad=True), layout(ROW_SHAPE, seed=1, grad=True), kind, backend)
+
+            def bwd(backend, layout=layout, kind=kind):
+                return (
+                    layout(ROW_SHAPE, seed=2),
+                    layout(ROW_SHAPE),
+                    layout(ROW_SHAPE, seed=1),
+                    kind,
+                    backend,
+                )
+
+            tag = f"{name}-{'swiglu' if kind == 0 else 'geglu'}"
+            cases += [Case("glu_fwd", tag, BOTH, fwd), Case("glu_bwd", tag, BOTH, bwd)]
+
+    def chunked(backend):  # gate and up: the two halves of one fused gate_up projection
+        gate, up = rand(2, 3, 48, grad=True).chunk(2, -1)
+        return (gate, up, 0, backend)
+
+    cases.append(Case("glu_fwd", "3d-chunked-gate-up", BOTH, chunked))
+    return cases
+
+
+N, V, H = 6, 20, 16
+
+
+def _target(ignore=(1, 4)):
+    t = torch.randint(0, V, (N,), generator=_g(7)).to(DEVICE)
+    t[list(ignore)] = -100
+    return t
+
+
+LOGITS_LAYOUTS = {
+    "contiguous": lambda grad: rand(N, V, grad=grad),
+    "strided-rows": lambda grad: rand(N, 2 * V)[:, :V].detach().requires_grad_(grad),
+    "transposed": lambda grad: rand(V, N).t().detach().requires_grad_(grad),
+}
+
+
+NO_AOT_OUTPUT_MUTATION = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def _loss_cases() -> list[Case]:
+    cases = []
+    for name, logits in LOGITS_LAYOUTS.items():
+        for reduction in ("mean", "none"):
+
+            def ce(backend, logits=logits, reduction=reduction):
+                return (logits(True), _target(), None, -100, 0.1, None, 0.0, reduction, True, backend)
+
+            # Its backward scales the saved gradient output in place: AOT dispatch cannot return an output that
+            # the backward mutates, which opcheck does (the op's callers keep only the loss);
+            # test_compiled_cross_entropy_matches_eager compiles what they do.
+            cases.append(Case("cross_entropy_fwd", f"{name}-{reduction}", BOTH, ce, NO_AOT_OUTPUT_MUTATION))
+
+    def ce_no_grad(backend):
+        weights = rand(V, seed=3).abs() + 0.5
+        return (rand(N, V), _target(), weights, -100, 0.0, 30.0, 1e-4, "sum", False, backend)
+
+    cases.append(Case("cross_entropy_fwd", "contiguous-weighted-softcap-no-grad", BOTH, ce_no_grad))
+    cases += [
+        Case("scale_rows_", "scalar", ONE, lambda _: (rand(N, V), torch.tensor(0.5, device=DEVICE))),
+        Case("scale_rows_", "per-row", ONE, lambda _: (rand(N, V), rand(N, seed=1))),
+    ]
+    hiddens = {"contiguous": lambda: rand(N, H), "strided-rows": lambda: rand(N, 2 * H)[:, :H]}
+    for name, hidden in hiddens.items():
+        for strategy, chunk in (("tokens", 4), ("vocab", 8)):
+
+            def flce(backend, hidden=hidden, strategy=strategy, chunk=chunk):
+                run = FlceRun(
+                    FlceOptions(label_smoothing=0.1, lse_square_scale=1e-4), strategy, chunk, backend, 1
+                )
+                return (
+                    hidden(),
+                    rand(V, H, seed=1),
+                    _target(),
+                    rand(V, seed=2),
+                    None,
+                    None,
+                    True,
+                    True,
+                    True,
+                    *run.flat(),
+                )
+
+            cases.append(Case("flce_forward", f"{name}-{strategy}", BOTH, flce))
+
+        def jsd(backend, hidden=hidden):
+            return (
+                hidden(),
+                rand(V, H, seed=1),
+                rand(N, H, seed=2),
+                rand(V, H, seed=3),
+                _target(),
+                0.5,
+                1.0,
+                -100,
+                1,
+                True,
+                True,
+                backend,
+            )
+
+        cases.append(Case("fljsd_forward", name, BOTH, jsd))
+    cases.append(
+        Case(
+            "flce_scale_grads_",
+            "dh-dw-db",
+            ONE,
+            lambda _: (rand(N, H), rand(V, H, seed=1), rand(V, seed=2), torch.tensor(2.0, device=DEVICE)),
+        )
+    )
+    return cases
+
+
+CASES = _norm_cases() + _rope_cases() + _glu_cases() + _loss_cases()
+PARAMS = [pytest.param(c, b, id=f"{c.id}-{b}") for c in CASES for b in c.backends]
+
+
+def _registered_ops() -> set[str]:
+    return {
+        s.name.split("::", 1)[1]
+        for s in torch._C._jit_get_all_schemas()
+        if s.name.startswith("liger_registry::")
+    }
+
+
+def test_every_custom_op_is_checked():
+    import liger_registry.kernels  # noqa: F401  (every op module registers on import)
+
+    covered = {c.op for c in CASES}
+    assert _registered_ops() == covered, f"missing: {_registered_ops() - covered}"
+    layouts = len({(c.op, c.layout) for c in CASES})
+    print(
+        f"\nopcheck: {len(covered)} ops, {layouts} op x layout cases, {len(PARAMS)} op x layout x backend runs"
+    )
+
+
+@pytest.mark.parametrize("case,backend", PARAMS)
+def test_opcheck(case: Case, backend: str):
+    if backend in ("triton", "-") and not TRITON_RUNS:
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 at import")
+    args = case.make(backend)
+    utils = case.test_utils or torch.library._OPCHECK_DEFAULT_UTILS
+    torch.library.opcheck(getattr(OPS, case.op).default, args, test_utils=utils)
+
+
+@pytest.mark.parametrize("backend", BOTH)
+@pytest.mark.parametrize("layout", ["transposed"])
+def test_compiled_cross_entropy_matches_eager(backend, layout, monkeypatch):
+    """What the callers of cross_entropy_fwd do (keep the loss, backward through the in-place scale), compiled
+    with inductor and dynamic shapes, against eager."""
+    from liger_registry import kernels as K
+
+    if backend == "triton" and not TRITON_RUNS:
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 at import")
+    monkeypatch.setenv(K.ENV_VAR, backend)
+    logits, target = LOGITS_LAYOUTS[layout](True), _target()
+
+    def loss(logits, target):
+        return K.cross_entropy(logits * 2.0, target, label_smoothing=0.1) * 3.0
+
+    eager = loss(logits, target)
+    (g_eager,) = torch.autograd.grad(eager, logits)
+    torch._dynamo.reset()
+    got = torch.compile(loss, dynamic=True, fullgraph=True)(logits, target)
+    (g_got,) = torch.autograd.grad(got, logits)
+    torch.testing.assert_close(got, eager)
+    torch.testing.assert_close(g_got, g_eager)
