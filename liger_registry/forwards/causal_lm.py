@@ -18,7 +18,7 @@ from liger_registry.forwards.head import (
     text_config,
     warn_unfusable,
 )
-from liger_registry.forwards.logits_loss import changes_the_loss, logits_loss
+from liger_registry.forwards.logits_loss import changes_the_loss, cross_entropy_loss, logits_loss
 from liger_registry.forwards.registry import register_forward
 from liger_registry.forwards.skip_logits import resolve_skip_logits
 
@@ -34,7 +34,7 @@ def _slice(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Te
     return hidden[:, index, :]
 
 
-def _shift_labels(labels, extra: dict) -> torch.Tensor:
+def next_token_labels(labels, extra: dict) -> torch.Tensor:
     shift_labels = extra.get("shift_labels")
     if shift_labels is not None:
         return shift_labels
@@ -49,7 +49,7 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
     None when the head cannot be fused; `(loss, token_accuracy)` when `return_token_accuracy` is asked.
     """
     head = ctx.entry.head
-    shift_labels = _shift_labels(labels, extra)
+    shift_labels = next_token_labels(labels, extra)
     num_items = extra.get("num_items_in_batch")
     softcap, scale = logit_transform(
         text_config(model.config, head.text_config_attr),
@@ -83,7 +83,7 @@ def fused_loss(model: Any, ctx: ForwardContext, hidden: torch.Tensor, labels, ex
 
 def _token_accuracy(logits: torch.Tensor, labels, extra: dict) -> torch.Tensor:
     """Fraction of non-ignored next-token labels that are the argmax of the logits (liger's token_accuracy)."""
-    target = _shift_labels(labels, extra).to(logits.device)
+    target = next_token_labels(labels, extra).to(logits.device)
     valid = target != extra.get("ignore_index", IGNORE_INDEX)
     correct = (logits.detach().argmax(-1) == target) & valid
     return correct.sum().float() / valid.sum().clamp(min=1)
@@ -126,14 +126,27 @@ def head_and_loss(model: Any, ctx: ForwardContext, outputs: Any, named: dict, ex
         *logit_transform(config, head.softcap_attr, head.logit_scale_attr, head.logit_multiplier_attr),
     )
     loss = None
-    if has_labels and changes_the_loss(ctx.flce_options):
-        options = dataclasses.replace(ctx.flce_options, ignore_index=extra.get("ignore_index", IGNORE_INDEX))
-        loss = logits_loss(logits, _shift_labels(labels, extra), options, extra.get("num_items_in_batch"))
-    elif has_labels:
-        loss = model.loss_function(logits=logits, labels=labels, vocab_size=config.vocab_size, **extra)
+    if has_labels:
+        loss = materialised_loss(model, ctx, logits, labels, extra, config.vocab_size)
     if accuracy:
         named["token_accuracy"] = _token_accuracy(logits, labels, extra)
     return loss, (None if skip else logits)
+
+
+def materialised_loss(
+    model: Any, ctx: ForwardContext, logits: torch.Tensor, labels, extra: dict, vocab_size: int
+):
+    """The loss of materialised logits: the FLCE options' loss where they change it (as the fused path), else the
+    cross-entropy kernel when the family's cross_entropy switch is on, else the model's own loss function."""
+    ignore_index = extra.get("ignore_index", IGNORE_INDEX)
+    if changes_the_loss(ctx.flce_options):
+        options = dataclasses.replace(ctx.flce_options, ignore_index=ignore_index)
+        return logits_loss(logits, next_token_labels(labels, extra), options, extra.get("num_items_in_batch"))
+    if ctx.entry.cross_entropy.enabled:
+        return cross_entropy_loss(
+            logits, next_token_labels(labels, extra), ignore_index, extra.get("num_items_in_batch")
+        )
+    return model.loss_function(logits=logits, labels=labels, vocab_size=vocab_size, **extra)
 
 
 def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any:

@@ -1,10 +1,12 @@
-"""The loss from materialised logits under the FLCE options a family sets (z-loss, label smoothing, token
-scaling), so a call that returns logits gives the loss the fused path gives."""
+"""The loss from materialised logits: under the FLCE options a family sets (z-loss, label smoothing, token
+scaling), so a call that returns logits gives the loss the fused path gives; or transformers' loss by our
+cross-entropy kernel (the family's cross_entropy switch)."""
 
 from __future__ import annotations
 
 import torch
 
+from liger_registry import kernels
 from liger_registry.kernels import FlceOptions
 from liger_registry.kernels.ce_torch import ce_rows_differentiable
 
@@ -39,3 +41,17 @@ def logits_loss(
     if num_items is not None:
         return rows.sum() / (num_items.to(rows.device) if torch.is_tensor(num_items) else num_items)
     return rows.sum() / (target != options.ignore_index).sum().clamp(min=1)
+
+
+def cross_entropy_loss(
+    logits: torch.Tensor, shift_labels: torch.Tensor, ignore_index: int, num_items
+) -> torch.Tensor:
+    """transformers' causal-LM loss of materialised logits [..., V] and next-token labels, by the cross-entropy
+    kernel: the logits upcast to fp32 as transformers does (so the loss is fp32 whatever dtype the kernel returns),
+    the mean over non-ignored tokens, or the sum divided by `num_items_in_batch` when given."""
+    flat = logits.float().reshape(-1, logits.shape[-1])
+    target = shift_labels.reshape(-1).to(flat.device)
+    if num_items is None:
+        return kernels.cross_entropy(flat, target, ignore_index=ignore_index)
+    total = kernels.cross_entropy(flat, target, ignore_index=ignore_index, reduction="sum")
+    return total / (num_items.to(total.device) if torch.is_tensor(num_items) else num_items)

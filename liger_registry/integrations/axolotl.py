@@ -11,6 +11,7 @@ plugin loader).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from liger_registry.integrations.liger_config import overrides_from_liger_kernel
 from liger_registry.registry.applier import PatchHandle, apply, patch_handle
 from liger_registry.registry.configure import model_type_of, unwrap_model
 from liger_registry.registry.errors import RegistryError
+from liger_registry.registry.family_switches import lacks
 from liger_registry.registry.loader import load_registry
 
 try:
@@ -88,11 +90,14 @@ def overrides_from_axolotl(cfg: Any, model_type: str) -> dict[str, Any]:
     config: dict[str, bool] = {}
     for key, kernels in AXOLOTL_KEYS.items():
         on = _get(cfg, key) is True
-        if on and len(kernels) > 1:  # the GLU key: the family's gated MLP kernels (they warn if it has none)
+        if on and len(kernels) > 1:  # the GLU key: the family's gated MLP kernels (a warning if it has none)
             declared = [k for k in kernels if getattr(entry.kernels, k) is not None] or list(kernels[:1])
             config.update({k: k in declared for k in kernels})
         else:
             config.update(dict.fromkeys(kernels, on))
+    for key in [k for k in config if lacks(entry, k)]:  # as Axolotl, which passes only what the patch takes
+        if config.pop(key):
+            warnings.warn(f"liger_registry: Axolotl asks for {key}, but {lacks(entry, key)}", stacklevel=2)
     overrides = overrides_from_liger_kernel_config(config, model_type)
     if _get(cfg, TOKEN_SCALING):
         overrides["use_token_scaling"] = True

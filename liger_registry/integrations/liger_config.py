@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from liger_registry.registry.errors import RegistryError, suggest
+from liger_registry.registry.family_switches import lacks, switch_on_problem
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS, Overrides
 
@@ -27,15 +28,12 @@ LIGER_KNOBS = (
 __all__ = ["LIGER_KEYS", "LIGER_KNOBS", "overrides_from_liger_kernel_config"]
 
 
-def _declared(entry: Any, key: str) -> tuple[bool, bool, str | None]:
-    """(declared, enabled, reason) of the kernel a key switches, in a family entry: the section that holds
-    the key's `enabled` knob (`kernels.<kind>` or `flce`)."""
+def _section(entry: Any, key: str) -> Any:
+    """The section holding the key's `enabled` knob (`kernels.<kind>`, `flce` or `cross_entropy`)."""
     section: Any = entry
     for part in OVERRIDE_PATHS[key].split(".")[:-1]:
         section = getattr(section, part)
-        if section is None:
-            return False, False, None
-    return True, section.enabled, section.reason
+    return section
 
 
 def _knob_problems(knobs: dict[str, Any]) -> list[str]:
@@ -54,10 +52,12 @@ def overrides_from_liger_kernel_config(
     Every key must be one of LIGER_KEYS with a bool value, or one of LIGER_KNOBS (the FLCE budget and
     strategy: chunk_mem_const, max_chunk_mib, flce_strategy; the FLCE loss options: lse_square_scale,
     label_smoothing, accum_dtype, use_token_scaling) with a value `apply` accepts, else RegistryError
-    listing all problems. `False` turns a kernel off. `True` means "use it where the family supports it"
-    (liger's default), so it changes nothing; when the family has no such kernel or keeps it off, that is
-    said in a warning, never dropped silently. Knobs pass through as overrides. Pass `model_type` to have
-    the family checked; without it the values map one to one.
+    listing all problems. The switches follow `apply`'s rule: `False` turns a kernel off (for one the family
+    lacks, a no-op the apply report lists); `True` on one the family cannot have is an error naming what it has.
+    `True` means "use it where the family supports it" (liger's default): it changes nothing for a kernel that
+    is on, switches on an opt-in one that is off by default (cross_entropy), and keeps a kernel the family entry
+    turns off off, with a warning saying why. Knobs pass through as overrides. Pass `model_type` to have the
+    family checked; without it the values map one to one.
     """
     config = dict(config or {})
     allowed = (*LIGER_KEYS, *LIGER_KNOBS)
@@ -75,17 +75,21 @@ def overrides_from_liger_kernel_config(
     if model_type is None:
         return {**{k: v for k, v in config.items() if v is False}, **knobs}
     entry = (registry or load_registry()).family_for(model_type).entry
+    if lacking := [switch_on_problem(entry, k) for k, v in config.items() if v and lacks(entry, k)]:
+        raise RegistryError("liger_kernel_config switches on what the family cannot have", lacking)
     overrides: dict[str, Any] = dict(knobs)
     for key, value in config.items():
-        declared, enabled, reason = _declared(entry, key)
-        if value is False and declared:
+        section = None if lacks(entry, key) else _section(entry, key)
+        if value is False:
             overrides[key] = False
-        elif value is True and not enabled:
-            why = reason or (
-                "the family declares no such kernel" if not declared else "it is off in the family entry"
-            )
+        elif section is None or section.enabled:
+            continue
+        elif "enabled" not in section.model_fields_set:  # off by default: an opt-in
+            overrides[key] = True
+        else:
             warnings.warn(
-                f"liger_registry: liger_kernel_config {key}=True: family {entry.family!r} does not install it: {why}",
+                f"liger_registry: liger_kernel_config {key}=True: family {entry.family!r} does not install it: "
+                f"{section.reason or 'it is off in the family entry'}",
                 stacklevel=2,
             )
     return overrides

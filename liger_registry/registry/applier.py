@@ -105,7 +105,9 @@ def _apply(
     if model is not None:
         _decide_backends(handle.report, model)
     if not is_type and any(a.replacement.scope == "module" for a in handle._applied):
-        handle.report.warnings.append("module-level functions (e.g. cross entropy) are patched module-wide")
+        handle.report.warnings.append(
+            "module-level functions that no module of the model calls by name are patched module-wide"
+        )
     if is_type:
         RECORD.families[key] = handle
     else:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from liger_registry.schemas import KINDS, FamilyEntry
-from liger_registry.schemas.kernel_kinds import FLCE_KEY
+from liger_registry.schemas.kernel_kinds import CE_KEY, FLCE_KEY
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,8 @@ class BackendChoice:
 
 
 def kernel_ops(entry: FamilyEntry) -> dict[str, str]:
-    """Installed kernel -> kernel op name: each enabled kind, and the forward's FLCE when it fuses."""
+    """Installed kernel -> kernel op name: each enabled kind, the forward's FLCE when it fuses, and its cross
+    entropy of the materialised logits when that is on."""
     ops = {
         name: kind.op_for(spec)
         for name, kind in KINDS.items()
@@ -31,6 +32,8 @@ def kernel_ops(entry: FamilyEntry) -> dict[str, str]:
     }
     if entry.head is not None and entry.flce.enabled:
         ops["forward"] = FLCE_KEY
+    if entry.head is not None and entry.cross_entropy.enabled:
+        ops[CE_KEY] = CE_KEY
     return ops
 
 

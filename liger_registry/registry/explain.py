@@ -42,6 +42,7 @@ class Explanation:
         reasons += [("flce", entry.flce.reason)] if entry.flce.reason else []
         reasons += [("family", entry.reason)] if entry.reason else []
         lines += [f"reason ({k}): {r}" for k, r in reasons]
+        lines += [f"{switch}: {note}" for switch, note in self.config.noops.items()]
         lines += [f"known broken: transformers {v}: {why}" for v, why in entry.known_broken.items()]
         if self.device is not None:
             lines.append(self.backends_text())

@@ -256,7 +256,7 @@ def make_plan(resolved: ResolvedConfig, model: nn.Module | None) -> Plan:
     A name that does not resolve in the installed transformers (a renamed or removed class or function) is a
     problem of its kernel, like a target that matches nothing: `strict=False` makes it a warning.
     """
-    entry, plan = resolved.entry, Plan()
+    entry, plan = resolved.entry, Plan(skipped=dict(resolved.noops))
     config = language_config(getattr(model, "config", None), entry)
     for name, kind in KINDS.items():
         spec = getattr(entry.kernels, name)

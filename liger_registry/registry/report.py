@@ -59,8 +59,16 @@ class PatchReport:
     backends_for: str = ""  # "cuda:0 / bfloat16"; empty for a class-wide patch (decided per call)
 
     def loss_line(self) -> str:
-        """How the installed forward computes the training loss."""
-        flce = self.config.entry.flce
+        """How the installed forward computes the training loss, and the loss of materialised logits."""
+        entry = self.config.entry
+        logits_loss = (
+            "the cross_entropy kernel"
+            if entry.cross_entropy.enabled
+            else "transformers' loss (cross_entropy off)"
+        )
+        return f"{self._training_loss(entry.flce)}; loss of materialised logits: {logits_loss}"
+
+    def _training_loss(self, flce) -> str:
         if flce.enabled:
             budget = (
                 f"max_chunk_mib={flce.max_chunk_mib}"

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from liger_registry.registry.errors import RegistryError, suggest
+from liger_registry.registry.family_switches import lacks, switch_off_note, switch_on_problem
 from liger_registry.registry.loader import (
     LoadedFamily,
     LoadedPolicy,
@@ -18,6 +19,7 @@ from liger_registry.registry.loader import (
 )
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
 from liger_registry.schemas.family import BUDGET_KNOBS, KNOB_SECTIONS
+from liger_registry.schemas.overrides import SWITCHES
 
 LAYERS = {
     1: "default (registry/defaults.yaml)",
@@ -58,6 +60,9 @@ class ResolvedConfig:
     policy_files: dict[str, str] = field(
         default_factory=dict
     )  # applied policy -> where it came from, its file
+    noops: dict[str, str] = field(
+        default_factory=dict
+    )  # switch the family lacks, turned off -> the report line
 
     def source(self, knob: str) -> Source:
         return self.provenance[knob]
@@ -98,14 +103,25 @@ def _budget(values: dict, provenance: dict, updates: dict[str, Any], source: Sou
     return []
 
 
-def _layer(values: dict, provenance: dict, updates: dict[str, Any], source: Source, family: str) -> list[str]:
+def _layer(
+    values: dict, provenance: dict, updates: dict[str, Any], source: Source, entry: FamilyEntry, noops: dict
+) -> list[str]:
+    """One layer's updates; switching off what the family lacks is a no-op noted in `noops`, switching it on (or
+    setting any other knob of it) is a problem naming what the family has."""
     problems = _budget(values, provenance, updates, source)
     for knob, value in updates.items():
-        if knob not in values:
+        switch = SWITCHES.get(knob)
+        if switch is not None and lacks(entry, switch):
+            if value is False:
+                noops[switch] = switch_off_note(entry, switch, source)
+            else:
+                problems.append(f"{source}: {switch_on_problem(entry, switch)}")
+        elif knob not in values:
             kernel = knob.split(".")[1] if knob.startswith("kernels.") else knob
-            problems.append(f"{source}: sets {knob!r}, but family {family!r} declares no {kernel} kernel")
-            continue
-        values[knob], provenance[knob] = value, source
+            if updates.get(f"kernels.{kernel}.enabled") is not False:  # else a reason of a no-op
+                problems.append(f"{source}: sets {knob!r}, but {switch_on_problem(entry, kernel)}")
+        else:
+            values[knob], provenance[knob] = value, source
     return problems
 
 
@@ -142,14 +158,15 @@ def resolve(
     explicit = flatten(entry.model_dump(include=set(KNOB_SECTIONS), exclude_unset=True))
     family_source = Source(2, entry.family, loaded.path)
     provenance = {k: family_source if k in explicit else Source(1, "") for k in values}
-    applied, problems, files = [], [], {}
+    applied, problems, files, noops = [], [], {}, {}
     for bundled in registry.policies_for(entry.family):
         problems += _layer(
             values,
             provenance,
             _policy_updates(bundled),
             Source(3, bundled.policy.policy, bundled.path, bundled.origin),
-            entry.family,
+            entry,
+            noops,
         )
         applied.append(bundled.policy.policy)
         files[bundled.policy.policy] = f"{bundled.origin}: {bundled.path}"
@@ -160,16 +177,18 @@ def resolve(
                 provenance,
                 _policy_updates(user),
                 Source(4, user.policy.policy, user.path),
-                entry.family,
+                entry,
+                noops,
             )
             applied.append(user.policy.policy)
             files[user.policy.policy] = f"{user.origin}: {user.path}"
-    problems += _layer(values, provenance, validate_overrides(overrides or {}), Source(5, ""), entry.family)
+    overrides = validate_overrides(overrides or {})
+    problems += _layer(values, provenance, overrides, Source(5, ""), entry, noops)
     if problems:
         raise RegistryError(f"cannot resolve family {entry.family!r}", problems)
     merged = {**entry.model_dump(exclude=set(KNOB_SECTIONS)), **unflatten(values)}
     resolved = FamilyEntry.model_validate(merged)
-    return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied, files)
+    return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied, files, noops)
 
 
 def _user_policies(registry: Registry, policy: str | Path | list | None) -> list[LoadedPolicy]:

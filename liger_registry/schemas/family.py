@@ -21,6 +21,7 @@ from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default, default_list
 from liger_registry.schemas.kernel_kinds import KernelsSpec
+from liger_registry.schemas.kernels import CrossEntropySpec
 from liger_registry.schemas.tiny_config import tiny_config_problems
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
@@ -203,6 +204,10 @@ class FamilyEntry(StrictModel):
     )
     kernels: KernelsSpec = Field(default_factory=KernelsSpec, description="Kernels and their targets.")
     flce: FlceSpec = Field(default_factory=FlceSpec, description="Fused linear cross entropy knobs.")
+    cross_entropy: CrossEntropySpec = Field(
+        default_factory=CrossEntropySpec,
+        description="Cross entropy of the materialised logits by our kernel (every causal-LM head; off by default).",
+    )
     fused_linear_jsd: JsdSpec = Field(default_factory=JsdSpec, description="Distillation loss knobs.")
     head: HeadSpec | None = Field(
         default_factory=HeadSpec,
@@ -272,4 +277,4 @@ class FamilyEntry(StrictModel):
         return None
 
 
-KNOB_SECTIONS = ("kernels", "flce", "fused_linear_jsd", "skip_logits")
+KNOB_SECTIONS = ("kernels", "flce", "cross_entropy", "fused_linear_jsd", "skip_logits")

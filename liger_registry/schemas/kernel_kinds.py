@@ -14,7 +14,6 @@ from pydantic import Field, StrictBool, create_model
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.kernels import (
     AddRmsNormSpec,
-    CrossEntropySpec,
     GluSpec,
     KernelSpec,
     LayerNormSpec,
@@ -25,8 +24,10 @@ from liger_registry.schemas.kernels import (
 
 Scope = Literal["module forward", "module function"]
 
-# The head loss: not a `kernels:` kind (it lives in the `flce:` section), but an override and a liger key.
+# The head's two losses: not `kernels:` kinds (their sections are `flce:` and `cross_entropy:`, read by the
+# causal-LM forward), but overrides and liger keys of every family with a causal-LM head.
 FLCE_KEY = "fused_linear_cross_entropy"
+CE_KEY = "cross_entropy"
 
 
 @dataclass(frozen=True)
@@ -187,14 +188,6 @@ KINDS: dict[str, KernelKind] = {
             liger_key=None,
             attributes=(),
             method="_apply_gate",
-        ),
-        KernelKind(
-            "cross_entropy",
-            CrossEntropySpec,
-            "module function",
-            "liger_registry.modules.cross_entropy:fixed_cross_entropy",
-            "Cross entropy on materialised logits.",
-            function_module="transformers.loss.loss_utils",
         ),
     )
 }

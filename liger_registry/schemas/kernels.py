@@ -14,8 +14,8 @@ CastingMode = Literal["llama", "gemma", "none"]
 # How a family's rotary function pairs and rotates the channels; each layout has its own drop-in (kernel_kinds).
 RopeLayout = Literal["rotate_half", "partial", "interleaved", "interleaved_fp32", "half_split", "complex"]
 # Sections of registry/defaults.yaml the specs read their defaults from.
-RMS_NORM, ROPE, GLU, LAYER_NORM, CROSS_ENTROPY = (
-    f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "cross_entropy")
+RMS_NORM, ROPE, GLU, LAYER_NORM = (
+    f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm")
 )
 # \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
 _TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*\Z")
@@ -171,12 +171,12 @@ class RopeSpec(KernelSpec):
 
 
 class CrossEntropySpec(KernelSpec):
-    """Cross entropy on materialised logits: replaces transformers' loss helper module-wide."""
+    """Cross entropy on the logits the causal-LM forward materialises (FLCE off, eval, skip_logits=False): the
+    forward computes the loss with the cross-entropy kernel instead of transformers' loss, in the patched model
+    only. Every family with a causal-LM head has it."""
 
     enabled: StrictBool = Field(
-        default(CROSS_ENTROPY + "enabled"),
-        description="Off by default: FLCE already covers the training loss.",
-    )
-    function: str = Field(
-        default(CROSS_ENTROPY + "function"), description="Function in transformers.loss.loss_utils."
+        default("cross_entropy.enabled"),
+        description="Off by default (transformers' loss on the logits; FLCE covers the training loss): the "
+        "reference library's cross_entropy switch.",
     )

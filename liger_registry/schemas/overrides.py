@@ -16,11 +16,12 @@ from liger_registry.schemas.family import (
     Smoothing,
     ZLossScale,
 )
-from liger_registry.schemas.kernel_kinds import FLCE_KEY, KINDS
+from liger_registry.schemas.kernel_kinds import CE_KEY, FLCE_KEY, KINDS
 
 # Knobs that are not a kernel kind's on/off switch: (knob path, type, field options).
 HEAD_OVERRIDES: dict[str, tuple[str, Any, dict[str, Any]]] = {
     FLCE_KEY: ("flce.enabled", StrictBool | None, {}),
+    CE_KEY: ("cross_entropy.enabled", StrictBool | None, {}),
     "chunk_mem_const": ("flce.chunk_mem_const", ChunkConst | None, {}),
     "max_chunk_mib": ("flce.max_chunk_mib", Mib | None, {}),
     "flce_strategy": ("flce.strategy", FlceStrategy | None, {}),
@@ -48,5 +49,7 @@ Overrides = create_model(
     },
 )
 
-# The `liger_kernel_config` keys (TrainingArguments) accepted as overrides: the kinds' keys, then FLCE's.
-LIGER_KEYS: tuple[str, ...] = (*(k.liger_key for k in KINDS.values() if k.liger_key), FLCE_KEY)
+# The `liger_kernel_config` keys (TrainingArguments) accepted as overrides: the kinds' keys, then the head's.
+LIGER_KEYS: tuple[str, ...] = (*(k.liger_key for k in KINDS.values() if k.liger_key), CE_KEY, FLCE_KEY)
+# The on/off switch each override name turns: knob path -> name (`kernels.rope.enabled` -> rope).
+SWITCHES: dict[str, str] = {path: name for name, path in OVERRIDE_PATHS.items() if path.endswith(".enabled")}

@@ -44,6 +44,13 @@ class FlcePatch(StrictModel):
         return one_budget(data)
 
 
+class CrossEntropyPatch(StrictModel):
+    """The head's cross-entropy switch, as a policy may set it."""
+
+    enabled: StrictBool | None = Field(None, description="Cross entropy of the logits by our kernel.")
+    reason: str | None = Field(None, description="Why.")
+
+
 class JsdPatch(StrictModel):
     """Distillation-loss knobs a policy may set."""
 
@@ -62,6 +69,7 @@ class PolicyFile(StrictModel):
     )
     kernels: KernelsPatch | None = Field(None, description="Per-kernel changes.")
     flce: FlcePatch | None = Field(None, description="Fused linear cross entropy knobs.")
+    cross_entropy: CrossEntropyPatch | None = Field(None, description="The head's cross-entropy switch.")
     fused_linear_jsd: JsdPatch | None = Field(None, description="Distillation-loss knobs.")
     skip_logits: SkipLogitsMode | None = Field(
         None, description="The skip_logits default for these families."

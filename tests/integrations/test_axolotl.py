@@ -63,7 +63,7 @@ def test_unset_or_false_keys_keep_the_models_code():
 
 def test_token_scaling_reaches_the_loss():
     cfg = Cfg(ALL_ON, liger_use_token_scaling=True)
-    assert overrides_from_axolotl(cfg, "llama") == {"use_token_scaling": True}
+    assert overrides_from_axolotl(cfg, "llama") == {"cross_entropy": False, "use_token_scaling": True}
     model, plain = tiny_model("llama"), tiny_model("llama")
     plugin = LigerRegistryPlugin()
     plugin.post_model_build(cfg, model)
@@ -80,7 +80,14 @@ def test_glu_key_picks_the_familys_gated_mlp():
         "rms_norm": False,
         "rope": False,
         "fused_linear_cross_entropy": False,
+        "cross_entropy": False,
     }  # gemma's geglu stays on, and no warning about a swiglu it does not have
+
+
+def test_a_key_for_a_kernel_the_family_lacks_is_not_passed_on_as_axolotl_does():
+    with pytest.warns(UserWarning, match="Axolotl asks for layer_norm, but family 'llama' has no layer_norm"):
+        overrides = overrides_from_axolotl(Cfg(liger_layer_norm=True, liger_rope=True), "llama")
+    assert "layer_norm" not in overrides and "geglu" not in overrides
 
 
 @pytest.mark.parametrize(

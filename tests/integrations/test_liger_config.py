@@ -33,8 +33,12 @@ def test_every_bad_key_and_value_is_reported_at_once():
     assert "'model'" in text and ", ".join(LIGER_KEYS) in text
 
 
-def test_off_for_a_kernel_the_family_lacks_is_fine_on_is_a_warning():
-    assert overrides_from_liger_kernel_config({"geglu": False, "layer_norm": False}, "llama") == {}
+def test_off_for_a_kernel_the_family_lacks_is_a_no_op_off_in_the_family_is_a_warning():
+    # passed on, so that apply reports the no-op (tests/registry/test_switches.py: on is an error)
+    assert overrides_from_liger_kernel_config({"geglu": False, "layer_norm": False}, "llama") == {
+        "geglu": False,
+        "layer_norm": False,
+    }
     with pytest.warns(UserWarning, match="swiglu=True: family 'falcon_h1' does not install it: FalconH1"):
         assert overrides_from_liger_kernel_config({"swiglu": True}, "falcon_h1") == {}
     with warnings.catch_warnings():

@@ -9,8 +9,9 @@ from kernel_refs import ce_reference
 from transformers.loss import loss_utils
 
 from liger_registry import kernels as K
+from liger_registry.forwards.causal_lm import next_token_labels
+from liger_registry.forwards.logits_loss import cross_entropy_loss
 from liger_registry.kernels import flce_planner, triton_utils
-from liger_registry.modules.cross_entropy import fixed_cross_entropy
 
 BACKENDS = [
     "torch",
@@ -82,27 +83,15 @@ def test_cross_entropy_fp32_and_fp64_dtypes(backend):
         assert K.cross_entropy(_logits(torch.float64), t).dtype == torch.float64
 
 
-def test_fixed_cross_entropy_matches_transformers(backend):
-    """Our drop-in of transformers' fixed_cross_entropy returns what it returns: the source's dtype called
-    directly; through ForCausalLMLoss (which upcasts the logits) the fp32 loss of the unpatched model."""
-    t = _target()
-    x = _logits(torch.float16)
-    for n_items in (None, torch.tensor(9)):
-        ours = fixed_cross_entropy(x, t, n_items)
-        ref = loss_utils.fixed_cross_entropy(x, t, n_items)
-        assert ours.dtype == ref.dtype == torch.float16
-        torch.testing.assert_close(ours, ref, rtol=8e-3, atol=8e-3)
+def test_the_forwards_cross_entropy_matches_transformers_causal_lm_loss(backend):
+    """The loss the forward computes with cross_entropy on (the kernel on fp32 logits) is transformers'
+    ForCausalLMLoss, which upcasts the logits: fp32 whatever the logits' dtype, with or without num_items."""
     labels = torch.randint(0, V, (1, N), generator=_g(2))
     labels[0, 4] = -100
     logits = _logits(torch.float16)[None]
     for n_items in (None, torch.tensor(9)):
         ref = loss_utils.ForCausalLMLoss(logits, labels, V, num_items_in_batch=n_items)
-        original = loss_utils.fixed_cross_entropy
-        loss_utils.fixed_cross_entropy = fixed_cross_entropy
-        try:
-            ours = loss_utils.ForCausalLMLoss(logits, labels, V, num_items_in_batch=n_items)
-        finally:
-            loss_utils.fixed_cross_entropy = original
+        ours = cross_entropy_loss(logits, next_token_labels(labels, {}), -100, n_items)
         assert ours.dtype == ref.dtype == torch.float32
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
 

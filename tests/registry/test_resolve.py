@@ -66,7 +66,7 @@ def test_flce_policy_leaves_jsd_knob_alone():
         ({"chunk_mem_const": True}, "chunk_mem_const"),
         ({"chunk_mem_const": 0}, "chunk_mem_const"),
         ({"skip_logits": "always"}, "skip_logits"),
-        ({"geglu": True}, "declares no geglu kernel"),
+        ({"geglu": True}, "has no geglu kernel; its switches: rms_norm, add_rms_norm, rope, swiglu"),
     ],
 )
 def test_bad_overrides_are_errors(overrides, match):

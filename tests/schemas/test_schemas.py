@@ -99,5 +99,6 @@ def test_kinds_table_derives_specs_patches_and_overrides():
         patch = KernelsPatch.model_fields[name].annotation.__args__[0]
         assert set(patch.model_fields) == {"enabled", "reason", *kind.patchable}
     assert set(LIGER_KEYS) == {k.liger_key for k in KINDS.values() if k.liger_key} | {
-        "fused_linear_cross_entropy"
+        "cross_entropy",  # the head's losses: sections read by the forward, not kinds
+        "fused_linear_cross_entropy",
     }
