@@ -7,12 +7,19 @@ import difflib
 import json
 import os
 import sys
+import warnings
 
 import yaml
 
 from liger_registry import __version__
 from liger_registry.console import print_table
-from liger_registry.registry import RegistryError, UnsupportedModelError, explain, load_registry
+from liger_registry.registry import (
+    RegistryError,
+    RegistryWarning,
+    UnsupportedModelError,
+    explain,
+    load_registry,
+)
 from liger_registry.registry.explain import DTYPES, gpu_name, parse_device
 from liger_registry.schemas import FamilyEntry, PolicyFile
 from liger_registry.usage import UsageError
@@ -279,11 +286,29 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+def _one_line_registry_warnings(show):
+    """warnings.showwarning that prints a RegistryWarning as the command's own warning (not the source line that
+    warned), and passes any other warning to `show`."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, RegistryWarning):
+            return show(message, category, filename, lineno, file, line)
+        print(f"liger-registry: warning: {str(message).removeprefix('liger_registry: ')}", file=sys.stderr)
+
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0) and 2
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_registry_warnings(warnings.showwarning)
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit

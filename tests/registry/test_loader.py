@@ -104,7 +104,10 @@ def test_forward_name_is_checked_even_when_the_schema_fails(tmp_path):
 def test_registry_path_naming_a_file_says_it_is_not_a_directory(tmp_path, monkeypatch):
     write(tmp_path, "mini.yaml", GOOD)
     monkeypatch.setenv("LIGER_REGISTRY_PATH", str(tmp_path / "mini.yaml"))
-    with pytest.raises(RegistryError, match=r"mini.yaml: is not a directory \(named in the environment"):
+    with pytest.raises(
+        RegistryError,
+        match=r"mini.yaml: is not a directory; a registry path names directories \(named in the environment",
+    ):
         liger_registry.load_registry()
 
 
