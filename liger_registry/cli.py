@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
+import warnings
 
 import yaml
 
 from liger_registry import __version__
 from liger_registry.console import print_table
-from liger_registry.registry import RegistryError, UnsupportedModelError, explain, load_registry
+from liger_registry.registry import (
+    RegistryError,
+    RegistryWarning,
+    UnsupportedModelError,
+    explain,
+    load_registry,
+)
+from liger_registry.registry.explain import DTYPES, gpu_name, parse_device
 from liger_registry.schemas import FamilyEntry, PolicyFile
+from liger_registry.usage import UsageError
 
 REGISTRY_HELP = "a directory of family/policy YAML files read after the bundled ones (repeatable)"
 BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE (the reader of `| head` went away)
@@ -28,12 +38,34 @@ def _positive(text: str) -> int:
     return value
 
 
+def _device(text: str) -> str:
+    try:
+        parse_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _gpu(text: str) -> str:
+    try:
+        return gpu_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line (argparse's own prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _registry_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", action="append", default=[], metavar="DIR", help=REGISTRY_HELP)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="liger-registry", description=__doc__)
+    parser = _Parser(prog="liger-registry", description=__doc__)
     parser.add_argument("--version", action="version", version=f"liger-registry {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     lint = sub.add_parser("lint", help="check forwards, YAML files and targets")
@@ -65,19 +97,26 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--policy", action="append", metavar="FILE|NAME", help="policy file or registry policy name"
     )
-    exp.add_argument("--device", default="cpu", help="device the backends are decided for (default cpu)")
     exp.add_argument(
-        "--dtype", default=None, help="dtype of the backends (float32) and of the plan (bfloat16)"
-    )
-    exp.add_argument("--tokens", type=int, metavar="N", help="print the FLCE plan for N tokens per step")
-    exp.add_argument(
-        "--hidden", type=int, metavar="H", help="hidden size for the plan (default: the config's)"
+        "--device", default="cpu", type=_device, help="device the backends are decided for (default cpu)"
     )
     exp.add_argument(
-        "--vocab", type=int, metavar="V", help="vocabulary size for the plan (default: the config's)"
+        "--dtype",
+        choices=DTYPES,
+        help="dtype of the backends (default float32) and of the plan (default bfloat16)",
+    )
+    exp.add_argument(
+        "--tokens", type=_positive, metavar="N", help="print the FLCE plan for N tokens per step"
+    )
+    exp.add_argument(
+        "--hidden", type=_positive, metavar="H", help="hidden size for the plan (default: the config's)"
+    )
+    exp.add_argument(
+        "--vocab", type=_positive, metavar="V", help="vocabulary size for the plan (default: the config's)"
     )
     exp.add_argument(
         "--gpu",
+        type=_gpu,
         metavar="NAME",
         help="cost the plan for this GPU (e.g. H200, H100, A100; default: this machine's CUDA device, else a "
         "generic GPU)",
@@ -89,11 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     env = sub.add_parser("env", help="versions, GPU, environment variables and the backend of each op")
     env.add_argument(
-        "--device", help="device the backends are decided for (default: cuda:0 if any, else cpu)"
+        "--device",
+        type=_device,
+        help="device the backends are decided for, one of this machine's (default: cuda:0 if any, else cpu)",
     )
     env.add_argument(
         "--dtype",
-        choices=["float32", "float16", "bfloat16", "float64"],
+        choices=DTYPES,
         help="dtype the backends are decided for (default: bfloat16 on CUDA, float32 on CPU)",
     )
     env.add_argument("--format", choices=["text", "json"], default="text", help="output format")
@@ -105,7 +146,12 @@ def _parser() -> argparse.ArgumentParser:
     scaffold.add_argument("--write", metavar="DIR", help="write <family>.yaml into DIR")
     scaffold.add_argument("--all", action="store_true", help="every causal-LM model type")
     scaffold.add_argument("--report", action="store_true", help="with --all: a line per type")
-    scaffold.add_argument("--cap", type=int, default=60, metavar="S", help="seconds per type")
+    scaffold.add_argument(
+        "--cap",
+        type=_positive,
+        metavar="S",
+        help="with --all: the seconds each type may take before it is reported as over the cap",
+    )
     return parser
 
 
@@ -165,7 +211,11 @@ def _show(args) -> int:
     elif name in registry.by_model_type:
         loaded = registry.family_for(name)
     else:
-        raise UnsupportedModelError(name, {*registry.families, *registry.by_model_type})
+        close = difflib.get_close_matches(name, [*registry.families, *registry.by_model_type], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UsageError(
+            f"unknown family {name!r}{hint} (`liger-registry list` shows the families and their model types)"
+        )
     print(f"# {loaded.path}" + (f" (serves model type {name})" if loaded.entry.family != name else ""))
     print(yaml.safe_dump(loaded.entry.model_dump(exclude_none=True), sort_keys=False).rstrip())
     return 0
@@ -183,14 +233,7 @@ def _explain(args) -> int:
         gpu=args.gpu,
         registry=load_registry(*args.registry) if args.registry else None,
     )
-    if args.tokens is None:
-        print(explanation)
-        return 0
-    try:
-        print(explanation)
-    except ValueError as exc:  # the planner's check of the tokens / hidden / vocab given
-        print(f"liger-registry: {exc}", file=sys.stderr)
-        return 1
+    print(explanation)
     return 0
 
 
@@ -201,8 +244,10 @@ def _schema(args) -> int:
 
 
 def _env(args) -> int:
-    from liger_registry.environment import environment_report
+    from liger_registry.environment import environment_report, missing_device
 
+    if args.device is not None and (problem := missing_device(args.device)):
+        raise UsageError(f"argument --device: {problem}")
     report = environment_report(args.device, args.dtype)
     print(json.dumps(report.as_dict(), indent=2) if args.format == "json" else report)
     return 0
@@ -241,11 +286,29 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+def _one_line_registry_warnings(show):
+    """warnings.showwarning that prints a RegistryWarning as the command's own warning (not the source line that
+    warned), and passes any other warning to `show`."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, RegistryWarning):
+            return show(message, category, filename, lineno, file, line)
+        print(f"liger-registry: warning: {str(message).removeprefix('liger_registry: ')}", file=sys.stderr)
+
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0) and 2
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_registry_warnings(warnings.showwarning)
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         code = COMMANDS[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
@@ -253,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE
+    except UsageError as exc:
+        print(f"liger-registry {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except (RegistryError, UnsupportedModelError) as exc:
         print(f"liger-registry: {exc}", file=sys.stderr)
         return 1

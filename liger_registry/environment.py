@@ -87,11 +87,30 @@ def op_backends(device: str, dtype) -> dict[str, dict[str, object]]:
     return backends
 
 
-def environment_report(device: str | None = None, dtype: str | None = None) -> EnvironmentReport:
-    """The report for `device` (default: cuda:0 when CUDA is available, else cpu) and `dtype` (default:
-    bfloat16 on CUDA, float32 on CPU)."""
+def missing_device(device: str) -> str | None:
+    """Why `device` is not here (a CUDA device this machine lacks), or None: the report says what runs here."""
     import torch
 
+    from liger_registry.registry.explain import parse_device
+
+    parsed = parse_device(device)
+    if parsed.type != "cuda":
+        return None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return f"no CUDA device here ({device}); torch.cuda.is_available() is False"
+    if parsed.index is not None and parsed.index >= count:
+        return f"no CUDA device here ({device}); this machine has {count}: cuda:0 to cuda:{count - 1}"
+    return None
+
+
+def environment_report(device: str | None = None, dtype: str | None = None) -> EnvironmentReport:
+    """The report for `device` (default: cuda:0 when CUDA is available, else cpu) and `dtype` (default:
+    bfloat16 on CUDA, float32 on CPU); a ValueError for a device this machine does not have."""
+    import torch
+
+    if device is not None and (problem := missing_device(device)):
+        raise ValueError(problem)
     gpus = _gpus()
     device = device or ("cuda:0" if gpus else "cpu")
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")

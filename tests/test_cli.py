@@ -63,8 +63,8 @@ def test_schema_is_json_schema(capsys):
 
 
 def test_unknown_family_and_usage_errors(capsys):
-    assert cli.main(["show", "lama"]) == 1
-    assert "Did you mean 'llama'" in capsys.readouterr().err
+    assert cli.main(["show", "lama"]) == 2
+    assert "did you mean 'llama'" in capsys.readouterr().err
     assert cli.main(["frobnicate"]) == 2
     assert cli.main(["lint", "--format", "xml"]) == 2
 
@@ -130,8 +130,8 @@ def test_show_takes_a_model_type_like_explain(capsys):
     out = capsys.readouterr().out
     assert "mllama_text.yaml (serves model type mllama_text_model)" in out
     assert yaml.safe_load(out)["family"] == "mllama_text"
-    assert cli.main(["show", "mllama_txt_model"]) == 1
-    assert "Did you mean 'mllama_text_model'" in capsys.readouterr().err
+    assert cli.main(["show", "mllama_txt_model"]) == 2
+    assert "did you mean 'mllama_text_model'" in capsys.readouterr().err
 
 
 MINE = (
@@ -205,8 +205,10 @@ def test_yaml_syntax_and_schema_errors_name_the_file_and_line(tmp_path, capsys):
     assert cli.main(["lint", "--registry", str(tmp_path), "--format", "json"]) == 1
     findings = json.loads(capsys.readouterr().out)["findings"]
     located = {(Path(f["file"]).name, f["line"]) for f in findings}
-    assert located == {("broken.yaml", 3), ("typo.yaml", 6)}
+    # the bracket opened on line 2 and never closed; the fields that are missing beside it, on the mapping's line
+    assert located == {("broken.yaml", 2), ("broken.yaml", 1), ("typo.yaml", 6)}
     assert any("not valid YAML" in f["message"] for f in findings)
+    assert any("module: Field required" in f["message"] for f in findings)
 
 
 def test_lint_json_points_a_forward_finding_at_its_source():
@@ -218,3 +220,100 @@ def test_lint_json_points_a_forward_finding_at_its_source():
     (finding,) = lint_forward(kwargs_only)
     assert finding.file == __file__
     assert finding.line == inspect.getsourcelines(kwargs_only)[1]
+
+
+def _usage_error(capsys, argv: list[str]) -> str:
+    """The one line a usage error prints (exit 2, no traceback)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+        (["--device", "tpu"], "argument --device: 'tpu' is not a torch device"),
+        (
+            ["--tokens", "8", "--gpu", "RTX9999"],
+            "argument --gpu: unknown GPU 'RTX9999'; known: H200, H100, A100",
+        ),
+        (["--tokens", "8", "--hidden", "0"], "argument --hidden: must be at least 1, got 0"),
+        (["--tokens", "8", "--vocab", "0"], "argument --vocab: must be at least 1, got 0"),
+        (["--tokens", "-5"], "argument --tokens: must be at least 1, got -5"),
+    ],
+)
+def test_explain_bad_options_are_usage_errors(capsys, argv, says):
+    assert says in _usage_error(capsys, ["explain", "llama", *argv])
+
+
+def test_explain_gpu_names_match_the_cost_table(capsys):
+    for name in ("h200", "NVIDIA H200"):
+        assert cli.main(["explain", "llama", "--tokens", "8192", "--gpu", name]) == 0
+        assert "on H200" in capsys.readouterr().out
+
+
+def test_explain_api_refuses_an_unknown_gpu_and_a_zero_size():
+    with pytest.raises(ValueError, match="unknown GPU 'RTX9999'; known: H200, H100, A100"):
+        str(liger_registry.explain("llama", tokens=8, gpu="RTX9999"))
+    with pytest.raises(ValueError, match="hidden"):
+        str(liger_registry.explain("llama", tokens=8, hidden=0))
+    with pytest.raises(ValueError, match="float8"):
+        str(liger_registry.explain("llama", device="cpu", dtype="float8"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["gpt2", "--report"],
+        ["gpt2", "--cap", "5"],
+        ["--all", "--write", "out"],
+        ["--all", "--family", "mine"],
+    ],
+)
+def test_scaffold_options_of_the_other_mode_are_usage_errors(capsys, monkeypatch, argv):
+    from liger_registry.scaffold import cli as scaffold_cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("ran the scaffold")
+
+    monkeypatch.setattr(scaffold_cli, "scaffold", never)
+    monkeypatch.setattr(scaffold_cli, "scaffold_all", never)
+    line = _usage_error(capsys, ["scaffold", *argv])
+    assert "--all" in line
+
+
+def test_scaffold_refuses_to_write_a_model_type_the_registry_serves(capsys, monkeypatch, tmp_path):
+    from liger_registry.scaffold import cli as scaffold_cli
+
+    monkeypatch.setattr(scaffold_cli, "scaffold", lambda *a, **k: pytest.fail("ran the scaffold"))
+    line = _usage_error(capsys, ["scaffold", "llama", "--write", str(tmp_path)])
+    bundled = liger_registry.load_registry().family_for("llama").path
+    assert f"model type 'llama' is already served by family 'llama' ({bundled})" in line
+    assert list(tmp_path.iterdir()) == []
+    line = _usage_error(capsys, ["scaffold", "gpt2", "--family", "llama", "--write", str(tmp_path)])
+    assert f"family 'llama' is already defined in {bundled}" in line
+
+
+def test_env_cuda_without_a_gpu_is_a_usage_error(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for device in ("cuda", "cuda:1"):
+        assert f"argument --device: no CUDA device here ({device})" in _usage_error(
+            capsys, ["env", "--device", device]
+        )
+    assert "'tpu' is not a torch device" in _usage_error(capsys, ["env", "--device", "tpu"])
+
+
+def test_show_an_unknown_family_suggests_and_points_to_list(capsys):
+    line = _usage_error(capsys, ["show", "lama"])
+    assert "unknown family 'lama'; did you mean 'llama'?" in line
+    assert "liger-registry list" in line and "model_type" not in line
+
+
+def test_usage_errors_of_argparse_are_one_line(capsys):
+    line = _usage_error(capsys, ["demo", "--steps", "0"])
+    assert line == "liger-registry demo: error: argument --steps: must be at least 1, got 0 (see --help)"

@@ -98,7 +98,8 @@ class Explanation:
             config = getattr(config, attr) if attr else config.get_text_config()
         else:
             config = default_language_config(entry)
-        return self.hidden or config.hidden_size, self.vocab or config.vocab_size
+        hidden = config.hidden_size if self.hidden is None else self.hidden
+        return hidden, config.vocab_size if self.vocab is None else self.vocab
 
     def plan_text(self) -> str:
         plan = self.plan()
@@ -117,11 +118,42 @@ class Explanation:
         return "\n".join(lines)
 
 
+DTYPES = ("float32", "float16", "bfloat16", "float64")  # what a backend or a plan is decided for
+
+
 def _dtype(value: Any, fallback: str):
     import torch
 
     value = value or fallback
+    if isinstance(value, str) and not isinstance(getattr(torch, value, None), torch.dtype):
+        raise ValueError(f"dtype {value!r} is not a torch dtype; one of: {', '.join(DTYPES)}")
     return getattr(torch, value) if isinstance(value, str) else value
+
+
+def parse_device(text: str):
+    """`torch.device(text)`, its error a ValueError that says what a device is."""
+    import torch
+
+    try:
+        return torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"{text!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+
+
+def gpu_name(name: str) -> str:
+    """`name` when the FLCE cost model has peaks for it (matched as the planner matches a device name), else a
+    ValueError naming the GPUs it knows: an unknown one would be costed for generic peaks, silently."""
+    from liger_registry.kernels.flce_cost import DEFAULT_PEAKS, PEAKS, peaks_for
+
+    if peaks_for(name) is DEFAULT_PEAKS:
+        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(p.name for p in PEAKS)}")
+    return name
+
+
+def _check_sizes(**sizes: int | None) -> None:
+    for name, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
 def explain(
@@ -144,6 +176,13 @@ def explain(
     (H and V from `hidden`/`vocab`, else the model's config or the model type's defaults), costed for the GPU named
     `gpu` (e.g. "NVIDIA H200"; matched against the cost model's table) or, by default, this machine's.
     """
+    _check_sizes(tokens=tokens, hidden=hidden, vocab=vocab)
+    if gpu is not None:
+        gpu_name(gpu)
+    if isinstance(dtype, str):
+        _dtype(dtype, dtype)
+    if isinstance(device, str):
+        parse_device(device)
     config = configure(model_or_model_type, policy, registry, **overrides)
     model_config = None
     if not isinstance(model_or_model_type, str):

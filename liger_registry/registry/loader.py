@@ -212,7 +212,9 @@ def _load_file(registry: Registry, path: Path, source: str, problems: list[str])
 
 def _load_directory(registry: Registry, directory: Path, source: str, problems: list[str]) -> None:
     if directory.exists() and not directory.is_dir():
-        problems.append(f"{directory}: is not a directory ({_named_by(source)}, a registry directory)")
+        problems.append(
+            f"{directory}: is not a directory; a registry path names directories ({_named_by(source)})"
+        )
         return
     if not directory.is_dir():
         problems.append(f"{directory}: registry directory does not exist ({_named_by(source)})")

@@ -20,6 +20,7 @@ M = TypeVar("M", bound=BaseModel)
 MAX_BYTES = 1 << 20
 MAX_NODES = 100_000  # counted with every alias expanded: a billion-laughs file stops here
 MAX_DEPTH = 64
+MAX_SYNTAX_PROBLEMS = 20  # lines left out before a file is given up (each costs a parse of the file)
 SHOWN = 200  # characters of an offending value or parser message quoted in an error
 
 
@@ -175,7 +176,7 @@ def parse_yaml(path: Path) -> ParsedYaml:
     lines = _read(path).split("\n")
     problems: list[str] = []
     left_out: list[tuple[str, ...]] = []
-    for _ in range(len(lines) + 1):  # each round blanks at least one written line
+    while len(problems) <= MAX_SYNTAX_PROBLEMS:  # each round blanks at least one written line
         try:
             data, node, shape = _compose(path, "\n".join(lines))
         except yaml.YAMLError as exc:
@@ -192,6 +193,9 @@ def parse_yaml(path: Path) -> ParsedYaml:
         except RecursionError:
             raise RegistryError(f"{path}: nested deeper than the YAML parser can follow") from None
         return ParsedYaml(data, node, problems + shape, left_out)
+    problems.append(
+        f"{path}: more than {MAX_SYNTAX_PROBLEMS} lines are not valid YAML; the rest is not checked"
+    )
     raise RegistryError(f"{path}: not valid YAML", problems)
 
 

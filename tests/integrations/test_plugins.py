@@ -155,3 +155,19 @@ def test_yaml_cannot_make_us_import_code(tmp_path, monkeypatch, field, value, me
     assert message in str(err.value) and "bad.yaml" in str(err.value)
     assert not (package / "IMPORTED").exists()
     assert not {m for m in set(sys.modules) - before if m.startswith(("mypkg", "os.system"))}
+
+
+def test_a_plugin_forward_under_a_taken_name_skips_the_plugin_naming_both(
+    tmp_path, monkeypatch, clean_forwards
+):
+    name = install_plugin(tmp_path, monkeypatch, "liger_squatting_plugin")
+    init = tmp_path / name / "__init__.py"
+    init.write_text(init.read_text().replace('"counting_causal_lm"', '"causal_lm"'))
+    ours = forwards_table.get_forward("causal_lm").fn
+    with pytest.warns(L.RegistryWarning) as caught:
+        registry = L.load_registry()
+    message = " ".join(str(w.message) for w in caught)
+    assert "'causal_lm'" in message and f"{name}.counting" in message
+    assert f"{ours.__module__}.{ours.__qualname__}" in message
+    assert "diffllama" not in registry.families
+    assert forwards_table.get_forward("causal_lm").fn is ours

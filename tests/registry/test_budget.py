@@ -204,5 +204,7 @@ def test_explain_tokens_for_a_named_gpu(capsys):
 def test_explain_tokens_with_a_bad_shape_is_a_clear_error(capsys):
     from liger_registry import cli
 
-    assert cli.main(["explain", "llama", "--tokens", "-1"]) == 1
-    assert "liger-registry: bt must be a non-negative int, got -1" in capsys.readouterr().err
+    assert cli.main(["explain", "llama", "--tokens", "-1"]) == 2  # a usage error of the flag, in its words
+    assert "argument --tokens: must be at least 1, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="tokens must be a whole number of at least 1, got -1"):
+        liger_registry.explain("llama", tokens=-1)

@@ -104,7 +104,10 @@ def test_forward_name_is_checked_even_when_the_schema_fails(tmp_path):
 def test_registry_path_naming_a_file_says_it_is_not_a_directory(tmp_path, monkeypatch):
     write(tmp_path, "mini.yaml", GOOD)
     monkeypatch.setenv("LIGER_REGISTRY_PATH", str(tmp_path / "mini.yaml"))
-    with pytest.raises(RegistryError, match=r"mini.yaml: is not a directory \(named in the environment"):
+    with pytest.raises(
+        RegistryError,
+        match=r"mini.yaml: is not a directory; a registry path names directories \(named in the environment",
+    ):
         liger_registry.load_registry()
 
 
@@ -179,3 +182,11 @@ def test_a_syntax_error_does_not_hide_a_missing_field(tmp_path):
     rest = "\n".join(problems[1:])
     assert "bad.yaml:1: module: Field required" in rest and "bad.yaml:1: causal_lm: Field required" in rest
     assert "model_types: Field required" not in rest
+
+
+def test_a_file_of_many_bad_lines_is_given_up_after_a_bounded_number(tmp_path):
+    from liger_registry.registry.yaml_source import MAX_SYNTAX_PROBLEMS
+
+    problems = _problems(tmp_path, FIELD_TYPO + "".join(f"\tkey_{i}: 1\n" for i in range(500)))
+    assert len(problems) == MAX_SYNTAX_PROBLEMS + 2
+    assert f"more than {MAX_SYNTAX_PROBLEMS} lines are not valid YAML" in problems[-1]

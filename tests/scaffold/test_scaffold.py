@@ -164,10 +164,14 @@ def test_a_wrong_decision_is_caught_by_the_proof_and_turned_off(monkeypatch):
 
 
 def test_cli_prints_writes_and_refuses(tmp_path, capsys):
-    assert cli.main(["scaffold", "qwen3", "--write", str(tmp_path)]) == 0
-    entry = load_model(tmp_path / "qwen3.yaml", FamilyEntry)
+    # a type no bundled family serves is written; one that a family serves is refused before it runs
+    assert cli.main(["scaffold", "diffllama", "--write", str(tmp_path)]) == 0
+    entry = load_model(tmp_path / "diffllama.yaml", FamilyEntry)
     assert entry.kernels.swiglu.enabled and entry.kernels.rope.enabled
     assert "proven" in capsys.readouterr().err
+    assert cli.main(["scaffold", "qwen3", "--write", str(tmp_path)]) == 2
+    assert "already served by family 'qwen3'" in capsys.readouterr().err
+    assert not (tmp_path / "qwen3.yaml").exists()
     assert cli.main(["scaffold", "bert"]) == 1
     assert "refused" in capsys.readouterr().err
     assert cli.main(["scaffold"]) == 2
