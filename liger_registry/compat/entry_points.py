@@ -221,3 +221,14 @@ def apply_liger_kernel_to(model_or_model_type: Any, **liger_kwargs: Any):
     is_type = isinstance(model_or_model_type, str)
     model_type = model_or_model_type if is_type else liger_registry.model_type_of(model_or_model_type)
     return liger_registry.apply(model_or_model_type, **switches_for(model_type, liger_kwargs))
+
+
+def _apply_liger_kernel(model_type: str, **kwargs: Any):
+    """The reference's name for `apply_liger_kernel_to(model_type, **kwargs)` (class-wide)."""
+    return apply_liger_kernel_to(model_type, **kwargs)
+
+
+def _apply_liger_kernel_to_instance(model: Any, **kwargs: Any):
+    """The reference's name for `apply_liger_kernel_to(model, **kwargs)`; transformers' Trainer calls it with
+    `model=` and the `liger_kernel_config` dict."""
+    return apply_liger_kernel_to(model, **kwargs)

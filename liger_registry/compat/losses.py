@@ -1,6 +1,6 @@
 """The reference library's cross-entropy loss modules and functional names, with its arguments, over our kernels.
 
-Each argument goes to the kernel's keyword of the same meaning (`weight` / `ce_weight` -> `class_weights`).
+Each argument goes to the kernel's keyword of the same meaning (`ce_weight` -> `class_weights`).
 An argument our kernel does not take is refused with a TypeError naming it, unless it has its documented
 default (then there is nothing to pass); nothing is dropped silently.
 """
@@ -17,7 +17,9 @@ from torch import nn
 from liger_registry import kernels
 from liger_registry.kernels.flce_options import OPTION_FIELDS, FlceOptions
 
-RENAMED = {"weight": "class_weights", "ce_weight": "class_weights"}
+# The class-weight keyword: torch's `weight` where the kernel takes it (cross_entropy), else `class_weights`
+# (fused_linear_cross_entropy, whose `weight` is the head's).
+OUR_NAMES = {"weight": ("weight", "class_weights"), "ce_weight": ("class_weights",)}
 
 
 def _accepted(kernel: Callable) -> frozenset[str]:
@@ -35,8 +37,8 @@ def kernel_kwargs(kernel: Callable, reference: Callable, given: dict[str, Any]) 
     accepted, defaults = _accepted(kernel), inspect.signature(reference).parameters
     out, refused = {}, []
     for name, value in given.items():
-        ours = RENAMED.get(name, name)
-        if ours in accepted:
+        ours = next((n for n in OUR_NAMES.get(name, (name,)) if n in accepted), None)
+        if ours is not None:
             out[ours] = value
         elif not _is_default(value, defaults[name].default):
             refused.append(f"{name}={value!r}")
