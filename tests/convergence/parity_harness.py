@@ -283,6 +283,7 @@ class LogitsResult:
     # patched run is no further from the fp32 run than the unpatched one is (bf16 noise amplified by training)
     truth: dict[str, tuple[float, float]] = field(default_factory=dict)
     patched: list[str] = field(default_factory=list)
+    cross_entropy: bool = False  # the resolved config had the cross_entropy kernel on
 
     def failures(self, tol: Tolerance) -> list[str]:
         checks = {
@@ -348,6 +349,7 @@ def run_with_logits_parity(
     with L.patched(candidate, **WITH_LOGITS) as handle:
         patched = [f"{r.kernel}:{r.target}" for r in handle.report.patched]
         got = _train_with_logits(family, candidate, batches, steps)
+        cross_entropy = handle.report.config.entry.cross_entropy.enabled
     scale = 1 + float(expected["logits"].abs().max())
     gap = lambda a, b: float((a - b).abs().max()) / scale  # noqa: E731
     truth = {}
@@ -365,4 +367,5 @@ def run_with_logits_parity(
         topk_logprobs=_topk_logprob_gap(got["logits"], expected["logits"]),
         truth=truth,
         patched=patched,
+        cross_entropy=cross_entropy,
     )
