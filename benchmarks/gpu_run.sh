@@ -4,6 +4,8 @@
 # compile.json).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
 #   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
+#   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
+#                  transformers), compile-check rules
 #   parity         bf16 GPU parity suite (tests/convergence -k gpu, without the with-logits runs), strategy as planned
 #   parity-logits  bf16 with-logits parity of every family with a head (FLCE off, cross_entropy on), 24 steps
 #   parity-tokens  the same with every apply() forcing the token-chunked FLCE; parity-vocab: vocab-chunked
@@ -49,6 +51,9 @@ for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-240}" 30 \
              python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py tests/kernels/test_gpu_variants.py tests/alignment/test_gpu_alignment.py ;;
+    fidelity) part fidelity "${T_FIDELITY:-180}" 12 python3 -m pytest -q -p no:cacheprovider \
+                tests/kernels/test_opcheck.py tests/kernels/test_compile_variants.py \
+                tests/convergence/test_moe_router_logits.py tests/integrations/test_compile_families.py -k "not test_inductor_compile_with_triton" ;;
     parity) part parity "${T_PARITY:-300}" 60 \
               python3 -m pytest -q -p no:cacheprovider tests/convergence -k "gpu and not with_logits" ;;
     parity-logits) part parity-logits "${T_PARITY:-300}" 90 \

@@ -114,9 +114,22 @@ class CompileCheck:
     grad_rel: float = float("nan")  # the worst parameter's
     compile_s: float = float("nan")  # the first compiled step (compiling forward and backward)
     error: str | None = None
+    # Measured only when the compiled step strays from eager: the patched compiled step against the unpatched
+    # model compiled the same way. Close means inductor changes the unpatched model alike (not the patch).
+    vs_unpatched_loss_rel: float = float("nan")
+    vs_unpatched_grad_rel: float = float("nan")
 
     def ok(self, loss_tol: float, grad_tol: float) -> bool:
-        return self.error is None and self.loss_rel <= loss_tol and self.grad_rel <= grad_tol
+        if self.error is not None:
+            return False
+        if self.loss_rel <= loss_tol and self.grad_rel <= grad_tol:
+            return True
+        return self.vs_unpatched_loss_rel <= loss_tol and self.vs_unpatched_grad_rel <= grad_tol
+
+    @property
+    def as_unpatched(self) -> bool:
+        """The compiled step strays from eager, and the unpatched model's compiled step was measured instead."""
+        return self.vs_unpatched_loss_rel == self.vs_unpatched_loss_rel  # not nan
 
 
 def compile_check(
@@ -126,10 +139,13 @@ def compile_check(
     dtype: torch.dtype = torch.float32,
     backend: str = "inductor",
     registry: Registry | None = None,
+    tolerances: tuple[float, float] | None = None,
 ) -> CompileCheck:
     """Patch the family's tiny model, take one step eagerly and one through ``torch.compile(model)``, and compare.
 
-    Exceptions of the patched or compiled model are recorded in ``error``; the dynamo caches are reset first.
+    With ``tolerances`` (loss, grads) and a compiled step outside them, the unpatched model is compiled too and
+    the patched compiled step compared with it (``vs_unpatched_*``). Exceptions of the patched or compiled model
+    are recorded in ``error``; the dynamo caches are reset first.
     """
     import liger_registry as L
 
@@ -152,6 +168,23 @@ def compile_check(
     if grads.keys() != eager_grads.keys():
         check.error = f"gradients of different parameters: {sorted(grads.keys() ^ eager_grads.keys())[:3]}"
         return check
-    check.loss_rel = rel_diff(loss, eager_loss)
-    check.grad_rel = max((rel_diff(grads[n], g) for n, g in eager_grads.items()), default=0.0)
+    check.loss_rel, check.grad_rel = _rels(loss, grads, eager_loss, eager_grads)
+    if tolerances is not None and not check.ok(*tolerances):
+        _compare_with_unpatched_compile(check, model, batch, backend, loss, grads)
     return check
+
+
+def _rels(loss, grads, want_loss, want_grads) -> tuple[float, float]:
+    """(loss, worst parameter's gradient) relative differences."""
+    return rel_diff(loss, want_loss), max((rel_diff(grads[n], g) for n, g in want_grads.items()), default=0.0)
+
+
+def _compare_with_unpatched_compile(check: CompileCheck, model, batch, backend, loss, grads) -> None:
+    torch._dynamo.reset()
+    try:
+        want_loss, want_grads = loss_and_grads(torch.compile(model, backend=backend), model, batch)
+    except Exception as exc:  # the unpatched model does not compile: nothing to compare with
+        check.error = f"(unpatched compile) {type(exc).__name__}: {str(exc).strip()[:80]}"
+        return
+    if want_grads.keys() == grads.keys():
+        check.vs_unpatched_loss_rel, check.vs_unpatched_grad_rel = _rels(loss, grads, want_loss, want_grads)

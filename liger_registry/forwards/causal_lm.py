@@ -92,9 +92,10 @@ def _token_accuracy(logits: torch.Tensor, labels, extra: dict) -> torch.Tensor:
 def _refuse_trl_fused_head(extra: dict) -> None:
     if extra.get("fused_lm_head"):
         raise ValueError(
-            "liger_registry: this forward got TRL's `fused_lm_head=True`: liger_registry.apply() ran after the TRL "
-            "trainer was built and replaced the fused LM head TRL installs on the model. Apply liger_registry "
-            "before building the trainer (TRL then wraps the patched forward)."
+            "liger_registry: this forward got `fused_lm_head=True` (TRL's fused-head convention), but the model's "
+            "forward is liger_registry's, not TRL's fused head: TRL's head was never installed on this model or "
+            "was taken off. Build the TRL trainer on the model you train (apply() keeps TRL's head and installs "
+            "the decoder kernels under it), or leave `use_liger_kernel` off and let liger_registry fuse the head."
         )
 
 

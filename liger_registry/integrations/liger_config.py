@@ -53,7 +53,8 @@ def overrides_from_liger_kernel_config(
     strategy: chunk_mem_const, max_chunk_mib, flce_strategy; the FLCE loss options: lse_square_scale,
     label_smoothing, accum_dtype, use_token_scaling) with a value `apply` accepts, else RegistryError
     listing all problems. The switches follow `apply`'s rule: `False` turns a kernel off (for one the family
-    lacks, a no-op the apply report lists); `True` on one the family cannot have is an error naming what it has.
+    lacks, a no-op the apply report lists); `True` on one the family cannot have is ignored with a warning naming
+    what it has (one TrainingArguments config serves every model; `apply(model, layer_norm=True)` is an error).
     `True` means "use it where the family supports it" (liger's default): it changes nothing for a kernel that
     is on, switches on an opt-in one that is off by default (cross_entropy), and keeps a kernel the family entry
     turns off off, with a warning saying why. Knobs pass through as overrides. Pass `model_type` to have the
@@ -76,7 +77,11 @@ def overrides_from_liger_kernel_config(
         return {**{k: v for k, v in config.items() if v is False}, **knobs}
     entry = (registry or load_registry()).family_for(model_type).entry
     if lacking := [switch_on_problem(entry, k) for k, v in config.items() if v and lacks(entry, k)]:
-        raise RegistryError("liger_kernel_config switches on what the family cannot have", lacking)
+        # One TrainingArguments config serves every model it trains (liger-kernel drops such keys silently).
+        warnings.warn(
+            "liger_registry: liger_kernel_config keys ignored: " + "; ".join(lacking), UserWarning, stacklevel=2
+        )
+        config = {k: v for k, v in config.items() if not (v and lacks(entry, k))}
     overrides: dict[str, Any] = dict(knobs)
     for key, value in config.items():
         section = None if lacks(entry, key) else _section(entry, key)

@@ -195,3 +195,11 @@ def test_core_family_trains_like_unpatched_in_float32(model_type):
         torch.testing.assert_close(
             model(**batch, skip_logits=False).logits, reference(**batch).logits, rtol=1e-4, atol=1e-5
         )
+
+
+def test_fused_lm_head_keyword_without_trls_head_is_refused_with_the_way_out(pair):
+    """TRL's trainers pass `fused_lm_head=True` to the head they install; our forward getting it means that head is
+    gone: the loss would silently be computed another way than TRL asked, so it is refused."""
+    _, model = pair
+    with pytest.raises(ValueError, match="TRL's fused-head convention.*Build the TRL trainer"):
+        model(**tiny_batch(model), fused_lm_head=True)

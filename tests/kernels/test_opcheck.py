@@ -247,7 +247,7 @@ def _loss_cases() -> list[Case]:
         for reduction in ("mean", "none"):
 
             def ce(backend, logits=logits, reduction=reduction):
-                return (logits(True), _target(), None, -100, 0.1, None, 0.0, reduction, True, backend)
+                return (logits(True), _target(), None, -100, 0.1, None, 0.0, reduction, True, 0, backend)
 
             # Its backward scales the saved gradient output in place: AOT dispatch cannot return an output that
             # the backward mutates, which opcheck does (the op's callers keep only the loss);
@@ -256,9 +256,13 @@ def _loss_cases() -> list[Case]:
 
     def ce_no_grad(backend):
         weights = rand(V, seed=3).abs() + 0.5
-        return (rand(N, V), _target(), weights, -100, 0.0, 30.0, 1e-4, "sum", False, backend)
+        return (rand(N, V), _target(), weights, -100, 0.0, 30.0, 1e-4, "sum", False, 0, backend)
+
+    def ce_argmax(backend):
+        return (rand(N, 2 * V)[:, :V], _target(), None, -100, 0.0, None, 0.0, "mean", False, 1, backend)
 
     cases.append(Case("cross_entropy_fwd", "contiguous-weighted-softcap-no-grad", BOTH, ce_no_grad))
+    cases.append(Case("cross_entropy_fwd", "strided-rows-predicted-tokens", BOTH, ce_argmax))
     cases += [
         Case("scale_rows_", "scalar", ONE, lambda _: (rand(N, V), torch.tensor(0.5, device=DEVICE))),
         Case("scale_rows_", "per-row", ONE, lambda _: (rand(N, V), rand(N, seed=1))),
