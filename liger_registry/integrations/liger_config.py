@@ -79,7 +79,9 @@ def overrides_from_liger_kernel_config(
     if lacking := [switch_on_problem(entry, k) for k, v in config.items() if v and lacks(entry, k)]:
         # One TrainingArguments config serves every model it trains (liger-kernel drops such keys silently).
         warnings.warn(
-            "liger_registry: liger_kernel_config keys ignored: " + "; ".join(lacking), UserWarning, stacklevel=2
+            "liger_registry: liger_kernel_config keys ignored: " + "; ".join(lacking),
+            UserWarning,
+            stacklevel=2,
         )
         config = {k: v for k, v in config.items() if not (v and lacks(entry, k))}
     overrides: dict[str, Any] = dict(knobs)

@@ -59,8 +59,12 @@ def test_a_compiled_step_off_eager_passes_only_as_the_unpatched_compiled_one():
     compiled step is then judged against the unpatched compiled one, never waved through."""
     off = CompileCheck("f", loss_rel=2e-4, grad_rel=1.5)
     assert not off.ok(LOSS_TOL, GRAD_TOL) and not off.as_unpatched
-    alike = CompileCheck("f", loss_rel=2e-4, grad_rel=1.5, vs_unpatched_loss_rel=1e-7, vs_unpatched_grad_rel=2e-7)
+    alike = CompileCheck(
+        "f", loss_rel=2e-4, grad_rel=1.5, vs_unpatched_loss_rel=1e-7, vs_unpatched_grad_rel=2e-7
+    )
     assert alike.ok(LOSS_TOL, GRAD_TOL) and alike.as_unpatched
-    unlike = CompileCheck("f", loss_rel=2e-4, grad_rel=1.5, vs_unpatched_loss_rel=1e-7, vs_unpatched_grad_rel=0.3)
+    unlike = CompileCheck(
+        "f", loss_rel=2e-4, grad_rel=1.5, vs_unpatched_loss_rel=1e-7, vs_unpatched_grad_rel=0.3
+    )
     assert not unlike.ok(LOSS_TOL, GRAD_TOL)
     assert not CompileCheck("f", loss_rel=0.0, grad_rel=0.0, error="boom").ok(LOSS_TOL, GRAD_TOL)

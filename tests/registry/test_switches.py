@@ -70,7 +70,9 @@ def test_liger_kernel_config_follows_the_same_rule():
         "layer_norm": False,
     }
     # one TrainingArguments config serves every model: a kernel the family lacks is dropped, with a warning
-    with pytest.warns(UserWarning, match="keys ignored: family .llama. has no geglu kernel; its switches: rms_norm"):
+    with pytest.warns(
+        UserWarning, match="keys ignored: family .llama. has no geglu kernel; its switches: rms_norm"
+    ):
         assert overrides_from_liger_kernel_config({"geglu": True, "rope": False}, "llama") == {"rope": False}
     with pytest.raises(RegistryError, match="family 'llama' has no geglu kernel"):
         L.explain("llama", geglu=True)
