@@ -361,7 +361,7 @@ def drive(args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for i, job in enumerate(jobs):
             elapsed = time.perf_counter() - start
-            longest = max((r["wall_s"] for r in runs), default=0.0)
+            longest = max((r.get("wall_s", 0.0) for r in runs), default=0.0)
             if elapsed + longest > args.budget_s:
                 runs.append(
                     {**job, "ok": False, "error": f"not run: time budget {args.budget_s:.0f} s spent"}

@@ -9,6 +9,7 @@ import transformers
 from parity_harness import REGISTRY, ROUTER_LOSS_BROKEN
 
 import liger_registry as L
+from liger_registry.forwards.context import reads_router_logits_from_config
 from liger_registry.registry.targets import version_problem
 from liger_registry.testing import tiny_batch, tiny_model
 
@@ -48,6 +49,13 @@ def test_router_aux_loss_as_unpatched(family: str, by: str, device: str) -> None
     model.config.get_text_config().output_router_logits = by == "config"
     batch = {k: v.to(device) for k, v in tiny_batch(model).items()}
     expected = _run(model, batch, by)
+    if by == "config" and not reads_router_logits_from_config(type(model).forward):
+        # this release's original head does not fall back to the config (JetMoE, Qwen3.5-MoE, Qwen3-VL-MoE on
+        # transformers 5.17): the patched forward must not either
+        assert expected.aux_loss is None
+        with L.patched(model):
+            assert _run(model, batch, by).aux_loss is None
+        return
     assert expected.aux_loss is not None, (
         "the unpatched model computed no aux loss: the test switched nothing on"
     )
@@ -77,7 +85,6 @@ def test_router_logits_off_by_config_adds_no_aux_loss(family: str) -> None:
 def test_the_config_fallback_is_read_from_the_installed_forward() -> None:
     """Releases differ (JetMoE's 5.17 head defaults output_router_logits to False, its 5.25 head reads the
     config): the forward's own source decides, and what apply binds is what the installed original does."""
-    from liger_registry.forwards.context import reads_router_logits_from_config
 
     def reads_the_config(self, output_router_logits=None):
         return output_router_logits if output_router_logits is not None else self.config.output_router_logits

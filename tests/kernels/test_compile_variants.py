@@ -14,16 +14,18 @@ from liger_registry.kernels.norm_variants import layer_norm_1p
 from liger_registry.kernels.rope_variants import rope_variant
 
 B, H, S, D = 2, 4, 3, 8
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _rand(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_()
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+    return t.requires_grad_()
 
 
 def _rope(**layout):
     def inputs():
         width = D // 2 if layout.get("cos_per_pair") else D
-        cos, sin = torch.randn(1, S, width), torch.randn(1, S, width)
+        cos, sin = torch.randn(1, S, width, device=DEVICE), torch.randn(1, S, width, device=DEVICE)
         # q and k as attention passes them: [B, S, heads, D] projections viewed heads-first
         q = _rand(B, S, H, D, seed=1).detach().transpose(1, 2).requires_grad_()
         k = _rand(B, S, 2, D, seed=2).detach().transpose(1, 2).requires_grad_()
