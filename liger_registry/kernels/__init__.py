@@ -42,13 +42,7 @@ def _max_cols(limit: int = 65536):
 
 register(Op("cross_entropy", torch_impl=cross_entropy_torch, triton_impl=cross_entropy_triton))
 register(
-    Op(
-        "rms_norm",
-        torch_impl=torch_impl.rms_norm_torch,
-        triton_impl=rms_norm_triton,
-        extra_check=_max_cols(),
-        inductor_fuses=True,
-    )
+    Op("rms_norm", torch_impl=torch_impl.rms_norm_torch, triton_impl=rms_norm_triton, extra_check=_max_cols())
 )
 register(
     Op(
@@ -56,12 +50,11 @@ register(
         torch_impl=torch_impl.layer_norm_torch,
         triton_impl=layer_norm_triton,
         extra_check=_max_cols(),
-        inductor_fuses=True,
     )
 )
-register(Op("rope", torch_impl=torch_impl.rope_torch, triton_impl=rope_triton, inductor_fuses=True))
-register(Op("swiglu", torch_impl=torch_impl.swiglu_torch, triton_impl=swiglu_triton, inductor_fuses=True))
-register(Op("geglu", torch_impl=torch_impl.geglu_torch, triton_impl=geglu_triton, inductor_fuses=True))
+register(Op("rope", torch_impl=torch_impl.rope_torch, triton_impl=rope_triton))
+register(Op("swiglu", torch_impl=torch_impl.swiglu_torch, triton_impl=swiglu_triton))
+register(Op("geglu", torch_impl=torch_impl.geglu_torch, triton_impl=geglu_triton))
 
 # the issue-12 variants register their ops on import (rope_variant, glu_fused, swiglu_clamped, relu_squared,
 # add_rms_norm), so decide_backend and explain know them

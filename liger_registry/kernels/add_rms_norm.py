@@ -59,12 +59,7 @@ def add_rms_norm_triton(x, residual, weight, eps: float, offset: float = 0.0, ca
 
 
 ADD_RMS_NORM = register(
-    Op(
-        "add_rms_norm",
-        torch_impl=add_rms_norm_torch,
-        triton_impl=add_rms_norm_triton if _ops else None,
-        inductor_fuses=True,
-    )
+    Op("add_rms_norm", torch_impl=add_rms_norm_torch, triton_impl=add_rms_norm_triton if _ops else None)
 )
 
 

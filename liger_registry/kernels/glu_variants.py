@@ -92,28 +92,13 @@ def swiglu_clamped_triton(gate_up: torch.Tensor, limit: float, alpha: float) -> 
 
 
 GLU_FUSED = register(
-    Op(
-        "glu_fused",
-        torch_impl=glu_fused_torch,
-        triton_impl=glu_fused_triton if _ops else None,
-        inductor_fuses=True,
-    )
+    Op("glu_fused", torch_impl=glu_fused_torch, triton_impl=glu_fused_triton if _ops else None)
 )
 SWIGLU_CLAMPED = register(
-    Op(
-        "swiglu_clamped",
-        torch_impl=swiglu_clamped_torch,
-        triton_impl=swiglu_clamped_triton if _ops else None,
-        inductor_fuses=True,
-    )
+    Op("swiglu_clamped", torch_impl=swiglu_clamped_torch, triton_impl=swiglu_clamped_triton if _ops else None)
 )
 RELU_SQUARED = register(
-    Op(
-        "relu_squared",
-        torch_impl=relu_squared_torch,
-        triton_impl=ReluSquaredFunction.apply if _ops else None,
-        inductor_fuses=True,
-    )
+    Op("relu_squared", torch_impl=relu_squared_torch, triton_impl=ReluSquaredFunction.apply if _ops else None)
 )
 
 

@@ -3,10 +3,7 @@
 Backend choice, read at call time from ``LIGER_REGISTRY_BACKEND``:
 
 * ``auto`` (default): CUDA tensors run Triton, CPU tensors run the PyTorch implementation.
-  A CUDA call the Triton path cannot serve (e.g. float64) runs PyTorch; the reasons say why. Under
-  ``torch.compile`` an op marked ``inductor_fuses`` (the elementwise and row ops) runs its PyTorch
-  implementation: inductor writes a Triton kernel for it fused with its neighbours, where our opaque custom op
-  would cut the graph's fusion at both ends. The loss ops keep their kernels (they never write the logits).
+  A CUDA call the Triton path cannot serve (e.g. float64) runs PyTorch; the reasons say why.
 * ``triton``: always Triton. On CPU tensors the kernels run through Triton's interpreter
   (``TRITON_INTERPRET=1`` must be set before triton is imported). Anything the Triton path
   cannot run raises :class:`BackendError` listing every reason; there is no silent fallback.
@@ -96,15 +93,10 @@ class Op:
     triton_impl: Callable | None = None
     dtypes: tuple[torch.dtype, ...] = TRITON_DTYPES
     extra_check: Callable[..., list[str]] | None = None
-    inductor_fuses: bool = (
-        False  # under torch.compile with backend auto, the PyTorch implementation is traced
-    )
 
     def _why_not(self, backend: str, tensors: list, args: tuple, kwargs: dict) -> Iterator[str]:
         if self.triton_impl is None:
             yield f"op {self.name} has no Triton implementation"
-        if self.inductor_fuses and backend == "auto" and torch.compiler.is_compiling():
-            yield "under torch.compile with backend auto: inductor fuses the PyTorch implementation"
         if not _TRITON_OK:  # pragma: no cover
             yield "triton is not installed"
         yield from tensor_reasons(tensors, self.dtypes, backend)

@@ -130,12 +130,7 @@ def rope_variant_triton(q, k, cos, sin, interleaved=False, cos_per_pair=False, u
 
 
 ROPE_VARIANT = register(
-    Op(
-        "rope_variant",
-        torch_impl=rope_variant_torch,
-        triton_impl=rope_variant_triton if _ops else None,
-        inductor_fuses=True,
-    )
+    Op("rope_variant", torch_impl=rope_variant_torch, triton_impl=rope_variant_triton if _ops else None)
 )
 
 

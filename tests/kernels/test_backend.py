@@ -109,39 +109,3 @@ def test_forced_triton_flce_refuses_float64_with_every_reason(monkeypatch):
         K.fused_linear_cross_entropy(h, w, torch.zeros(3, dtype=torch.long))
     with pytest.raises(K.BackendError, match="fused_linear_jsd cannot run on Triton: dtype float64"):
         K.fused_linear_jsd(h, w, h, w)
-
-
-FUSED_BY_INDUCTOR = (
-    "rms_norm",
-    "layer_norm",
-    "rope",
-    "swiglu",
-    "geglu",
-    "add_rms_norm",
-    "glu_fused",
-    "swiglu_clamped",
-    "relu_squared",
-    "rope_variant",
-)
-
-
-@pytest.mark.parametrize("name", sorted(set(K.OPS) | set(FUSED_BY_INDUCTOR)))
-def test_under_compile_auto_leaves_the_row_ops_to_inductor(name, monkeypatch):
-    """Tracing with backend auto on CUDA tensors: the elementwise/row ops give inductor their PyTorch math (it
-    fuses them with their neighbours); the loss ops keep their kernels; forced Triton keeps every kernel."""
-    from liger_registry.kernels.op import OPS, TensorSpec
-
-    op = OPS[name]
-    cuda = [TensorSpec(torch.device("cuda"), torch.bfloat16)]
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    monkeypatch.setenv(K.ENV_VAR, "auto")
-    backend, reasons = op._decide(cuda, (), {})
-    if name in FUSED_BY_INDUCTOR:
-        assert backend == "torch" and any("inductor fuses" in r for r in reasons), reasons
-    else:
-        assert not any("inductor" in r for r in reasons), reasons
-    monkeypatch.setenv(K.ENV_VAR, "triton")
-    assert not any("inductor" in r for r in op.why_not(*cuda))
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
-    monkeypatch.setenv(K.ENV_VAR, "auto")
-    assert not any("inductor" in r for r in op.why_not(*cuda))
