@@ -86,6 +86,15 @@ def peaks_for(gpu_name: str | None) -> DevicePeaks:
     return DEFAULT_PEAKS
 
 
+def known_peaks(gpu_name: str) -> DevicePeaks:
+    """The table row for a GPU a caller names; ValueError naming the known GPUs when no row matches (a name given
+    on purpose is never costed for the generic peaks, silently; an unknown *device* is, by `device_peaks`)."""
+    row = peaks_for(gpu_name)
+    if row is DEFAULT_PEAKS:
+        raise ValueError(f"unknown GPU {gpu_name!r}; known: {', '.join(p.name for p in PEAKS)}")
+    return row
+
+
 @torch.compiler.assume_constant_result
 def _gpu_name(device_index: int) -> str:
     return torch.cuda.get_device_name(device_index)

@@ -9,7 +9,7 @@ from functools import lru_cache
 import torch
 
 from . import flce_cost
-from .flce_cost import DevicePeaks, device_peaks, peaks_for, peaks_of, tokens_ms, vocab_ms
+from .flce_cost import DevicePeaks, device_peaks, known_peaks, peaks_of, tokens_ms, vocab_ms
 from .flce_options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
 from .flce_vocab_geometry import vocab_geometry
 
@@ -267,7 +267,7 @@ def flce_plan(
         check_chunk_mem_const(chunk_mem_const)
     mib = None if max_chunk_mib is None else check_max_chunk_mib(max_chunk_mib)
     check_strategy(strategy)
-    peaks = device_peaks() if gpu is None else peaks_for(gpu)
+    peaks = device_peaks() if gpu is None else known_peaks(gpu)
     return _plan(
         bt, h, v, chunk_mem_const, mib, strategy, dtype.itemsize, peaks, VOCAB_ALIGN, bool(weight_grad)
     )

@@ -143,10 +143,9 @@ def parse_device(text: str):
 def gpu_name(name: str) -> str:
     """`name` when the FLCE cost model has peaks for it (matched as the planner matches a device name), else a
     ValueError naming the GPUs it knows: an unknown one would be costed for generic peaks, silently."""
-    from liger_registry.kernels.flce_cost import DEFAULT_PEAKS, PEAKS, peaks_for
+    from liger_registry.kernels.flce_cost import known_peaks
 
-    if peaks_for(name) is DEFAULT_PEAKS:
-        raise ValueError(f"unknown GPU {name!r}; known: {', '.join(p.name for p in PEAKS)}")
+    known_peaks(name)
     return name
 
 

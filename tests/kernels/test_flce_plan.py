@@ -242,3 +242,10 @@ def test_kept_layout_is_refused_where_its_extra_chunks_cost_more_than_the_gemms_
     assert not flce_cost.keeps_every_chunk(4096, *LLAMA, 2048, 2, membound, 128)
     assert flce_cost.keeps_every_chunk(4096, *LLAMA, 2048, 2, flce_cost.peaks_for("H200"), 128)
     assert not flce_cost.keeps_every_chunk(8192, *LLAMA, 3968, 2, flce_cost.peaks_for("H200"), 128)  # N > H
+
+
+def test_an_unknown_gpu_name_is_refused_with_the_known_ones():
+    """A GPU named on purpose is never costed for the generic peaks silently (the CLI's --gpu likewise)."""
+    with pytest.raises(ValueError, match="unknown GPU 'RTX9999'; known: H200"):
+        K.flce_plan(2048, *LLAMA, gpu="RTX9999")
+    assert K.flce_plan(2048, *LLAMA, gpu="NVIDIA H100 80GB HBM3").strategy in ("tokens", "vocab")
