@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from liger_registry import kernels
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.forwards.head import head_parameters
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.loader import Registry
 from liger_registry.schemas import FamilyEntry
-
-IGNORE_INDEX = -100
 
 
 def _entry(model: Any, registry: Registry | None, policy=None, **overrides: Any) -> FamilyEntry:

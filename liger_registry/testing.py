@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.registry.targets import resolve_class
 
@@ -153,7 +154,7 @@ def compile_check(
     family = registry.family_for(model_type).entry.family
     model = tiny_model(model_type, dtype=dtype, registry=registry).to(device).train()
     batch = {k: v.to(device) for k, v in tiny_batch(model).items()}
-    batch["labels"][:, :3] = -100
+    batch["labels"][:, :3] = IGNORE_INDEX
     check = CompileCheck(family)
     try:
         with L.patched(model, registry=registry):

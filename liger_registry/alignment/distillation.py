@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from liger_registry import kernels
+from liger_registry.constants import IGNORE_INDEX
 
 from .output import AlignmentOutput, detached
 
@@ -45,7 +46,7 @@ def distillation_loss(
     temperature: float = 1.0,
     soft_weight: float = 1.0,
     hard_weight: float = 0.0,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     chunk_mem_const: int = 1,
 ) -> AlignmentOutput:
     """Distillation loss (see the module docstring). Hidden states [B, T, H] or [N, H] (the teacher's width

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.kernels.flce_options import FlceOptions
 
 
@@ -22,7 +23,7 @@ class HeadOptions:
     the weight-gradient accumulator.
     """
 
-    ignore_index: int = -100
+    ignore_index: int = IGNORE_INDEX
     temperature: float = 1.0
     softcap: float | None = None
     logit_scale: float = 1.0

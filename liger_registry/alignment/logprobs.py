@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.kernels import fused_linear_cross_entropy
 
 from .head_options import HeadOptions
@@ -38,7 +39,7 @@ class TokenLogProbs(NamedTuple):
         return self.mask.sum(-1).to(torch.float32)
 
 
-def next_token_target(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def next_token_target(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Targets aligned with the hidden states from HF-style ``labels`` [B, T] (unshifted, as passed to a
     causal LM): position t predicts ``labels[:, t + 1]``; the last position predicts nothing."""
     return F.pad(labels, (0, 1), value=ignore_index)[..., 1:]

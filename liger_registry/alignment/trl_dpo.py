@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from trl import DPOTrainer
 
+from liger_registry.constants import IGNORE_INDEX
+
 from .dpo import dpo_loss
 from .logprobs import next_token_target
 from .model_head import model_head
@@ -46,7 +48,7 @@ class FusedDPOTrainer(DPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if return_outputs:
             raise ValueError("FusedDPOTrainer computes no logits to return (return_outputs=True)")
-        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, -100)
+        labels = inputs["input_ids"].masked_fill(inputs["completion_mask"] == 0, IGNORE_INDEX)
         target = next_token_target(labels)
         model_inputs = {k: v for k, v in inputs.items() if k not in _NOT_MODEL_INPUTS}
         model_inputs["use_cache"] = False

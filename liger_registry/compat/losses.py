@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from liger_registry import kernels
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.kernels.flce_options import OPTION_FIELDS, FlceOptions
 
 # The class-weight keyword: torch's `weight` where the kernel takes it (cross_entropy), else `class_weights`
@@ -65,7 +66,7 @@ class LigerCrossEntropyLoss(nn.Module):
     def __init__(
         self,
         weight: torch.Tensor | None = None,
-        ignore_index: int = -100,
+        ignore_index: int = IGNORE_INDEX,
         lse_square_scale: float = 0.0,
         label_smoothing: float = 0.0,
         reduction: str = "mean",
@@ -93,7 +94,7 @@ class LigerFusedLinearCrossEntropyLoss(nn.Module):
     def __init__(
         self,
         ce_weight: torch.Tensor | None = None,
-        ignore_index: int = -100,
+        ignore_index: int = IGNORE_INDEX,
         lse_square_scale: float = 0.0,
         label_smoothing: float = 0.0,
         reduction: str = "mean",
@@ -118,7 +119,7 @@ def liger_cross_entropy(
     target,
     weight=None,
     size_average=None,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     reduce=None,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
@@ -142,7 +143,7 @@ def liger_fused_linear_cross_entropy(
     target,
     bias=None,
     ce_weight=None,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     lse_square_scale: float = 0.0,
     label_smoothing: float = 0.0,
     reduction: str = "mean",

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from liger_registry import kernels
 from liger_registry.attr_path import read_path
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
     call_fused_head,
@@ -26,7 +27,6 @@ HEAD_ONLY = ("labels", "logits_to_keep", "return_dict")
 # Keywords the head reads and the decoder never sees: liger's `return_token_accuracy` (older TRL's SFTTrainer
 # passes it and reads `outputs.token_accuracy`), and TRL's `fused_lm_head` (see _refuse_trl_fused_head).
 HEAD_EXTRA = ("return_token_accuracy", "fused_lm_head")
-IGNORE_INDEX = -100
 
 
 def _slice(hidden: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import check_ignore_index, check_logit_factor
 
 from . import torch_impl
@@ -68,7 +69,7 @@ def cross_entropy(
     target: torch.Tensor,
     weight: torch.Tensor | None = None,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     softcap: float | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from liger_registry.constants import IGNORE_INDEX
+
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -76,7 +78,7 @@ def ce_rows_differentiable(
     logits: torch.Tensor,
     target: torch.Tensor,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     label_smoothing: float = 0.0,
     softcap: float | None = None,
     logit_scale: float = 1.0,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from liger_registry.constants import IGNORE_INDEX
+
 from . import ce_torch
 from .ce_output import predicted_tokens
 from .labels import check_labels
@@ -24,7 +26,7 @@ def cross_entropy_torch(
     logits: torch.Tensor,
     target: torch.Tensor,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     softcap: float | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from liger_registry.constants import IGNORE_INDEX
+
 from . import ce_torch
 from .backward_once import check_backward
 from .ce_inplace import check_inplace_logits, mark_overwritten
@@ -184,7 +186,7 @@ def cross_entropy_fused(
     logits,
     target,
     *,
-    ignore_index=-100,
+    ignore_index=IGNORE_INDEX,
     label_smoothing=0.0,
     reduction="mean",
     softcap=None,

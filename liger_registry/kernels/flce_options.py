@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB, check_ignore_index, check_logit_factor
 
 from .ce_torch import check_ce_options
@@ -59,7 +60,7 @@ class FlceOptions:
     still divides by the number (class weight sum) of non-ignored tokens.
     """
 
-    ignore_index: int = -100
+    ignore_index: int = IGNORE_INDEX
     label_smoothing: float = 0.0
     softcap: float | None = None
     logit_scale: float = 1.0

@@ -13,6 +13,8 @@ from typing import NamedTuple
 
 import torch
 
+from liger_registry.constants import IGNORE_INDEX
+
 from .custom_ops_loss import fljsd_forward
 from .flce_options import check_chunk_mem_const
 from .jsd_loop import jsd_rows_differentiable
@@ -81,7 +83,7 @@ def fused_linear_jsd(
     *,
     jsd_beta: float = 0.5,
     temperature: float = 1.0,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     chunk_mem_const: int = 1,
 ) -> torch.Tensor:
     """Generalised JSD between student and teacher heads (see the module docstring), chunked over tokens
