@@ -75,9 +75,9 @@ def _check(family: str, device: str, dtype: torch.dtype) -> CompileCheck:
     )
 
 
-def _installed(family: str) -> bool:
+def _installed(registry, family: str) -> bool:
     """Whether the installed transformers has the family's first model type (the one compiled)."""
-    return load_registry().family(family).entry.model_types[0] in CONFIG_MAPPING
+    return registry.family(family).entry.model_types[0] in CONFIG_MAPPING
 
 
 def _run(families: list[str], args: argparse.Namespace, dtype: torch.dtype):
@@ -108,8 +108,9 @@ def main() -> int:
     args = _args()
     dtype = DTYPES[args.dtype]
     loss_tol, grad_tol = TOLERANCES[dtype]
-    families = args.families or sorted(load_registry().families)
-    if absent := [f for f in families if not _installed(f)]:
+    registry = load_registry()
+    families = args.families or sorted(registry.families)
+    if absent := [f for f in families if not _installed(registry, f)]:
         print(f"not in transformers {transformers.__version__}, not run: {', '.join(absent)}")
         families = [f for f in families if f not in absent]
     print(f"{'family':<24} {'ok':<3} {'loss rel':>9} {'grad rel':>9} {'compile s':>8}", flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -99,10 +100,10 @@ def loss_and_grads(call, model, batch) -> tuple[torch.Tensor, dict[str, torch.Te
     }
 
 
-def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``||got - want|| / ||want||`` in fp32 (the absolute norm when ``want`` is zero)."""
+def rel_diff(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
+    """``||got - want|| / max(||want||, floor)`` in fp32 (the absolute norm when both are zero)."""
     diff = (got.float() - want.float()).norm().item()
-    scale = want.float().norm().item()
+    scale = max(want.float().norm().item(), floor)
     return diff / scale if scale > 0 else diff
 
 
@@ -130,7 +131,7 @@ class CompileCheck:
     @property
     def as_unpatched(self) -> bool:
         """The compiled step strays from eager, and the unpatched model's compiled step was measured instead."""
-        return self.vs_unpatched_loss_rel == self.vs_unpatched_loss_rel  # not nan
+        return not math.isnan(self.vs_unpatched_loss_rel)
 
 
 def compile_check(
@@ -182,15 +183,9 @@ GRAD_FLOOR = 1e-4
 
 def _rels(loss, grads, want_loss, want_grads) -> tuple[float, float]:
     """(loss, worst parameter's gradient) relative differences."""
-    total = sum(g.float().norm().item() ** 2 for g in want_grads.values()) ** 0.5
-    floor = GRAD_FLOOR * total
-
-    def rel(got, want):
-        scale = max(want.float().norm().item(), floor)
-        diff = (got.float() - want.float()).norm().item()
-        return diff / scale if scale > 0 else diff
-
-    return rel_diff(loss, want_loss), max((rel(grads[n], g) for n, g in want_grads.items()), default=0.0)
+    floor = GRAD_FLOOR * sum(g.float().norm().item() ** 2 for g in want_grads.values()) ** 0.5
+    worst = max((rel_diff(grads[n], g, floor) for n, g in want_grads.items()), default=0.0)
+    return rel_diff(loss, want_loss), worst
 
 
 def _compare_with_unpatched_compile(check: CompileCheck, model, batch, backend, loss, grads) -> None:

@@ -76,14 +76,15 @@ def overrides_from_liger_kernel_config(
     if model_type is None:
         return {**{k: v for k, v in config.items() if v is False}, **knobs}
     entry = (registry or load_registry()).family_for(model_type).entry
-    if lacking := [switch_on_problem(entry, k) for k, v in config.items() if v and lacks(entry, k)]:
+    if dropped := [k for k, v in config.items() if v and lacks(entry, k)]:
         # One TrainingArguments config serves every model it trains (liger-kernel drops such keys silently).
         warnings.warn(
-            "liger_registry: liger_kernel_config keys ignored: " + "; ".join(lacking),
+            "liger_registry: liger_kernel_config keys ignored: "
+            + "; ".join(switch_on_problem(entry, k) for k in dropped),
             UserWarning,
             stacklevel=2,
         )
-        config = {k: v for k, v in config.items() if not (v and lacks(entry, k))}
+        config = {k: v for k, v in config.items() if k not in dropped}
     overrides: dict[str, Any] = dict(knobs)
     for key, value in config.items():
         section = None if lacks(entry, key) else _section(entry, key)
