@@ -2,7 +2,7 @@
 (synchronised, median of steps), AdamW foreach vs fused on the same parameters, and the GPU kernels of one
 step grouped by kind (profiler). One method per process (liger-kernel patches classes for good).
 
-Usage: python benchmarks/probe_e2e_step.py --method ours [--model llama] [--layers 2] [--tokens 8192]
+Usage: python benchmarks/probe_e2e_step.py --method ours|ours_compile|hf_compile|liger [--model llama] [--layers 2] [--tokens 8192]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def trace_summary(trace_path: str, top: int = 15) -> dict:
     names: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for s, e, name in spans:
         if s > end:
-            gaps.append(((s - end) / 1e3, prev[:70], name[:70]))
+            gaps.append(((s - end) / 1e3, prev[:70], name[:70], end, s))
         busy += max(0.0, e - max(s, end))
         if e > end:
             end, prev = e, name
@@ -79,8 +79,20 @@ def trace_summary(trace_path: str, top: int = 15) -> dict:
         "tail_ms": (max(h[1] for h in host) - end) / 1e3 if host else None,
         "kinds_ms": dict(kinds),
         "kernels": sorted(((ms, n, k) for k, (ms, n) in names.items()), reverse=True)[:40],
-        "longest": [(round(g[0], 3), g[1], g[2]) for g in gaps[:top]],
+        "longest": [(round(g[0], 3), g[1], g[2], host_during(events, g[3], g[4])) for g in gaps[:top]],
     }
+
+
+def host_during(events: list, start: float, end: float, top: int = 14) -> list:
+    """The host ops (outermost first, longest first) that ran while the GPU sat idle from ``start`` to ``end``."""
+    ops = [
+        (min(e["ts"] + e.get("dur", 0), end) - max(e["ts"], start), e.get("name", "")[-90:])
+        for e in events
+        if e.get("cat") in ("cpu_op", "user_annotation", "python_function")
+        and e["ts"] < end
+        and e["ts"] + e.get("dur", 0) > start
+    ]
+    return [f"{name} {us / 1e3:.2f}" for us, name in sorted(ops, reverse=True)[:top]]
 
 
 def timed(fn) -> float:
@@ -113,6 +125,7 @@ def main() -> None:
     )
     model, _ = bench_e2e.build_model(job, "cuda")
     info = bench_e2e.patch(job, model)
+    step_model = torch.compile(model) if args.method.endswith(bench_e2e.COMPILED) else model
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (1, args.tokens), device="cuda")
     opts = {
@@ -123,7 +136,7 @@ def main() -> None:
     holder = {}
 
     def fwd():
-        holder["loss"] = model(input_ids=ids, labels=ids).loss
+        holder["loss"] = step_model(input_ids=ids, labels=ids).loss
 
     for _ in range(args.steps):
         phases["forward"].append(timed(fwd))
@@ -136,7 +149,7 @@ def main() -> None:
 
     opt = opts[args.optimizer]
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
         fwd()
         holder.pop("loss").backward()
         opt.step()
@@ -154,9 +167,18 @@ def main() -> None:
         f"{gaps.get('busy_ms', 0):.2f}, idle {gaps.get('idle_ms', 0):.2f} ({gaps.get('gaps_over_50us')} gaps > 50 us); "
         f"host before the first kernel {gaps.get('lead_ms') or 0:.2f} ms, after the last {gaps.get('tail_ms') or 0:.2f}"
     )
-    for ms, before, after in gaps.get("longest", []):
-        print(f"  idle {ms:7.3f} ms after {before!r} before {after!r}")
-    for ms, count, key in gaps.get("kernels", [])[:25]:
+    for ms, before, after, host in gaps.get("longest", []):
+        print(f"  idle {ms:7.3f} ms after {before!r} before {after!r}\n      host: {'; '.join(host)}")
+    if step_model is not model:
+        from torch._dynamo.utils import counters
+
+        print(
+            "dynamo: "
+            + "; ".join(
+                f"{k} {dict(v)}" for k, v in counters.items() if k in ("frames", "graph_break", "stats")
+            )
+        )
+    for ms, count, key in gaps.get("kernels", [])[:40]:
         print(f"  {ms:8.2f} ms {count:5d}x  {key}")
     write_json(
         f"probe_e2e_step_{args.method}.json",

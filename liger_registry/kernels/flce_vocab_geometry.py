@@ -58,7 +58,8 @@ class VocabGeometry(NamedTuple):
 
     @property
     def buffer_cols(self) -> int:
-        return max((c.width for c in (*self.pass1, *self.pass2) if not c.scratch), default=0)
+        # no max(..., default=): dynamo of torch 2.11 graph-breaks on it, and the planner runs under compile
+        return max([0, *(c.width for c in (*self.pass1, *self.pass2) if not c.scratch)])
 
     @property
     def scratch(self) -> bool:

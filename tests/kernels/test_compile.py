@@ -104,3 +104,45 @@ def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
     flat = FlceRun(FlceOptions(label_smoothing=0.1), strategy, chunk, "torch", 2).flat()
     args = (x.detach(), head.detach(), target, None, None, None, True, True, False, *flat)
     torch.library.opcheck(torch.ops.liger_registry.flce_forward.default, args)
+
+
+@pytest.mark.parametrize("gpu", ["H200", "A100"])
+@pytest.mark.parametrize("shape", [(4096, 4096, 128256), (8192, 2880, 201088), (64, 32, 256)])
+def test_flce_plan_traces_without_break(gpu, shape, monkeypatch):
+    """The planner runs inside the compiled forward; on a GPU its cost model takes paths a CPU run never does
+    (`keeps_every_chunk`), so trace it with each GPU row's peaks at real head shapes, fullgraph."""
+    from liger_registry.kernels import flce_cost, flce_planner
+    from liger_registry.kernels.flce_options import options_from
+
+    peaks = flce_cost.known_peaks(gpu)
+    monkeypatch.setattr(flce_planner, "peaks_of", lambda device: peaks)
+    options = options_from(None, {})
+
+    def chunk_of(x):
+        plan = flce_planner.plan_for(*shape, options, torch.bfloat16, x.device)
+        return x * plan.chunk
+
+    torch._dynamo.reset()
+    got = torch.compile(chunk_of, fullgraph=True, backend="eager")(torch.ones(2))
+    want = flce_planner.plan_for(*shape, options, torch.bfloat16, torch.device("cpu")).chunk
+    assert got.tolist() == [want, want]
+
+
+def test_kernels_avoid_calls_dynamo_of_torch_2_11_breaks_on():
+    """`min`/`max` with `default=` graph-break under dynamo in torch 2.11 (the GPU image's torch); code that runs
+    inside a compiled forward (the kernels package) must not use them, whatever torch CI has."""
+    import ast
+    from pathlib import Path
+
+    root = Path(K.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("min", "max")
+                and any(k.arg == "default" for k in node.keywords)
+            ):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, found
