@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from . import torch_impl, triton_glu, triton_norm, triton_rope
+from .define import define_op
 from .triton_rope_variants import rope_out_like
 
 NS = "liger_registry"
@@ -331,14 +332,6 @@ def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int, backend: str) -> Tensor:
     return triton_glu.glu_fwd(gate, up, kind)
 
 
-glu_fwd = torch.library.custom_op(f"{NS}::glu_fwd", _glu_fwd_impl, mutates_args=())
-
-
-@glu_fwd.register_fake
-def _(gate, up, kind, backend):
-    return _rows_like(gate, torch.promote_types(gate.dtype, up.dtype))
-
-
 def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int, backend: str) -> tuple[Tensor, Tensor]:
     if backend == "torch":
         da, db = torch_impl.glu_bwd_torch(dc, gate, up, kind)
@@ -346,12 +339,7 @@ def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int, backend: str)
     return triton_glu.glu_bwd(dc, gate, up, kind)
 
 
-glu_bwd = torch.library.custom_op(f"{NS}::glu_bwd", _glu_bwd_impl, mutates_args=())
-
-
-@glu_bwd.register_fake
-def _(dc, gate, up, kind, backend):
-    return _rows_like(gate), _rows_like(up)
+glu_bwd = define_op("glu_bwd", _glu_bwd_impl)
 
 
 def _glu_setup(ctx, inputs, output):
@@ -362,20 +350,16 @@ def _glu_setup(ctx, inputs, output):
 
 def _glu_backward(ctx, dc):
     gate, up = ctx.saved_tensors
-    bwd = _glu_bwd_impl if getattr(ctx, "eager", False) else glu_bwd
-    da, db = bwd(dc, gate, up, *ctx.args)
+    da, db = glu_bwd.from_backward(ctx, dc, gate, up, *ctx.args)
     return da, db, None, None
 
 
-torch.library.register_autograd(f"{NS}::glu_fwd", _glu_backward, setup_context=_glu_setup)
-
-
-_GluFn = _eager_function("_GluFn", _glu_fwd_impl, _glu_setup, _glu_backward)
+glu_fwd = define_op("glu_fwd", _glu_fwd_impl, setup=_glu_setup, backward=_glu_backward)
 
 
 def swiglu_triton(gate, up):
-    return _call(glu_fwd, _GluFn, gate, up, 0, "triton")
+    return glu_fwd(gate, up, 0, "triton")
 
 
 def geglu_triton(gate, up):
-    return _call(glu_fwd, _GluFn, gate, up, 1, "triton")
+    return glu_fwd(gate, up, 1, "triton")

@@ -1,0 +1,102 @@
+"""define_op: the one way a kernel op is defined: implementation, fake, autograd and eager twin from one call.
+
+Every kernel op of this package is a ``torch.library`` custom op ``liger_registry::<name>`` whose last argument is
+the backend (``"triton"`` or ``"torch"``) its :class:`~.backend.Op` decided; the op runs that backend and never
+decides again, so a direct ``torch.ops.liger_registry.<name>`` call works everywhere. From one
+``define_op(name, impl, ...)`` come:
+
+* the custom op (opaque to torch.compile: no graph break, one node with a fake);
+* its fake, by default *derived*: ``impl`` run with ``backend="torch"`` on the fake tensors. The PyTorch branch
+  of each impl returns exactly the layout the Triton branch writes (rows contiguous; RoPE keeps its input's
+  layout), so the fake cannot drift from either; ``opcheck`` proves it per op, backend and layout. An impl whose
+  PyTorch branch cannot run on fake tensors (data-dependent shapes) passes ``fake=``;
+* its autograd formula (``setup`` + ``backward``), registered on the custom op;
+* an eager twin: an ``autograd.Function`` running the same impl, setup and backward without the dispatcher
+  round trip (the eager call's launch overhead), taken whenever nothing is being compiled.
+
+A backward formula calls the backward op with :meth:`KernelOp.from_backward` (the impl itself after an eager
+forward, the custom op when AOT traces it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+NS = "liger_registry"
+
+
+def _is_eager(ctx) -> bool:
+    return getattr(ctx, "eager", False)
+
+
+def _eager_twin(name: str, impl: Callable, setup: Callable, backward: Callable, aux: Sequence[int]):
+    def forward(ctx, *inputs):
+        out = impl(*inputs)
+        ctx.eager = True
+        # no zero-filled grads for unused / auxiliary outputs (a loss's saved gradient is as large as the logits)
+        ctx.set_materialize_grads(False)
+        setup(ctx, inputs, out)
+        if aux:
+            ctx.mark_non_differentiable(*[out[i] for i in aux])
+        return out
+
+    return type(
+        f"{name}_eager",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))},
+    )
+
+
+@dataclass(frozen=True)
+class KernelOp:
+    """A defined op: ``op(*args)`` runs the eager twin (or the impl, for an op without autograd) eagerly and the
+    custom op under torch.compile."""
+
+    name: str
+    impl: Callable
+    custom: Callable
+    eager: Callable
+
+    def __call__(self, *args):
+        return self.custom(*args) if torch.compiler.is_compiling() else self.eager(*args)
+
+    def from_backward(self, ctx, *args):
+        """The op called inside another op's backward formula: the impl after an eager forward, else the custom
+        op (AOT traces the formula)."""
+        return self.impl(*args) if _is_eager(ctx) else self.custom(*args)
+
+
+def _derived_fake(impl: Callable) -> Callable:
+    def fake(*args):
+        return impl(*args[:-1], "torch")
+
+    return fake
+
+
+def define_op(
+    name: str,
+    impl: Callable,
+    *,
+    setup: Callable | None = None,
+    backward: Callable | None = None,
+    fake: Callable | None = None,
+    aux: Sequence[int] = (),
+    mutates_args: Sequence[str] = (),
+) -> KernelOp:
+    """Define ``liger_registry::<name>`` from ``impl(*args, backend)`` (type-annotated, as ``torch.library``
+    infers the schema from it). ``setup(ctx, inputs, output)`` and ``backward(ctx, *grads)`` give it autograd;
+    ``aux``: indices of outputs that are not differentiable (statistics saved for the backward); ``fake``: only
+    when the derived one cannot be (see the module docstring); ``mutates_args``: names of arguments written in
+    place (such an op has no autograd and returns nothing)."""
+    if (setup is None) != (backward is None):
+        raise TypeError(f"define_op({name!r}): setup and backward go together")
+    custom = torch.library.custom_op(f"{NS}::{name}", impl, mutates_args=tuple(mutates_args))
+    custom.register_fake(fake or _derived_fake(impl))
+    if backward is None:
+        return KernelOp(name, impl, custom, impl)
+    torch.library.register_autograd(f"{NS}::{name}", backward, setup_context=setup)
+    twin = _eager_twin(name, impl, setup, backward, aux)
+    return KernelOp(name, impl, custom, twin.apply)
