@@ -51,7 +51,9 @@ def test_fake_that_disagrees_with_the_kernel_is_caught():
 
     bad = define_op("test_define_bad_fake", impl, fake=lambda x, backend: x.new_empty(x.shape))
     with pytest.raises(Exception, match="stride|layout|Stride"):
-        torch.library.opcheck(torch.ops.liger_registry.test_define_bad_fake.default, (torch.randn(3, 4), "torch"))
+        torch.library.opcheck(
+            torch.ops.liger_registry.test_define_bad_fake.default, (torch.randn(3, 4), "torch")
+        )
     assert bad.name == "test_define_bad_fake"
 
 
