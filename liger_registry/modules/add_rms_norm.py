@@ -8,6 +8,7 @@ norm is one of the family's rms_norm targets with the same casting; anything els
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -90,10 +91,10 @@ def _options(spec: Any) -> tuple:
     return spec.casting_mode, float(spec.offset), spec.eps_attr, spec.weight_attr
 
 
-def _norm_problem(spec: AddRmsNormSpec, entry: FamilyEntry) -> tuple[tuple[type, ...], str | None]:
+def _norm_problem(
+    spec: AddRmsNormSpec, entry: FamilyEntry, resolve_class: Callable[[FamilyEntry, str], type]
+) -> tuple[tuple[type, ...], str | None]:
     """The family's rms_norm classes, or why the fused norm cannot stand for the layer's norm."""
-    from liger_registry.registry.targets import resolve_class
-
     rms = entry.kernels.rms_norm
     # Off with a reason, the family says its declaration does not hold; off by a bare switch (rms_norm=False),
     # the declared norm still is what the layer computes, and only its own kernel is not installed.
@@ -108,13 +109,19 @@ def _norm_problem(spec: AddRmsNormSpec, entry: FamilyEntry) -> tuple[tuple[type,
     return tuple(resolve_class(entry, t) for t in rms.targets), None
 
 
-def add_rms_norm_problem(spec: AddRmsNormSpec, entry: FamilyEntry, target: type | nn.Module) -> str | None:
-    """Why the fused forward cannot replace this layer class's (or module's) forward; None when it can."""
+def add_rms_norm_problem(
+    spec: AddRmsNormSpec,
+    entry: FamilyEntry,
+    target: type | nn.Module,
+    resolve_class: Callable[[FamilyEntry, str], type],
+) -> str | None:
+    """Why the fused forward cannot replace this layer class's (or module's) forward; None when it can.
+    ``resolve_class`` is the registry's name resolver, passed in (modules sit below the registry)."""
     cls = target if isinstance(target, type) else type(target)
     shape = layer_shape(cls)
     if not isinstance(shape, LayerShape):
         return shape
-    classes, problem = _norm_problem(spec, entry)
+    classes, problem = _norm_problem(spec, entry, resolve_class)
     if problem is not None:
         return f"{cls.__name__}: {problem}"
     names = ", ".join(c.__name__ for c in classes)

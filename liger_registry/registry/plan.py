@@ -88,7 +88,7 @@ def _module_kernel(
         plan.problems.append(f"{kind.name}: {', '.join(lacking)} has no method {kind.method}")
         return
     check = _imported(kind.check) if kind.check else None
-    if check is not None and (refused := [p for c in classes if (p := check(spec, entry, c))]):
+    if check is not None and (refused := [p for c in classes if (p := check(spec, entry, c, resolve_class))]):
         plan.problems += [f"{kind.name}: {p}" for p in refused]
         return
     forward = maker(kind, spec)(spec)
@@ -111,7 +111,7 @@ def _module_kernel(
                 f"{kind.name}: {name} ({type(module).__name__}) has no attribute {', '.join(missing)}"
             )
             continue
-        if check is not None and (problem := check(spec, entry, module)):
+        if check is not None and (problem := check(spec, entry, module, resolve_class)):
             plan.problems.append(f"{kind.name}: {name}: {problem}")
             continue
         plan.replacements.append(

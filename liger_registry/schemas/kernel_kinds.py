@@ -56,7 +56,9 @@ class KernelKind:
     activations: tuple[str, ...] = ()
     method: str = "forward"
     variants: tuple[tuple[str, str, str], ...] = ()
-    check: str | None = None
+    check: str | None = (
+        None  # "module:function" (spec, entry, class or module, resolve_class) -> problem or None
+    )
 
     def __post_init__(self) -> None:
         for attr in ("op", "liger_key"):
