@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import copy_bandwidth_gbs, env_info, kernel_ms, median_ms, write_json  # noqa: E402
 
 from liger_registry import kernels as K  # noqa: E402
-from liger_registry.kernels import torch_impl  # noqa: E402
+from liger_registry.kernels.glu import torch_math as glu_math  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -63,7 +63,7 @@ def _glu_case(kind):
     a, b = _rand(n, h), _rand(n, h)
     dc = torch.randn(n, h, device="cuda").to(BF)
     ours = K.swiglu if kind == "swiglu" else K.geglu
-    eager = torch_impl.swiglu_torch if kind == "swiglu" else torch_impl.geglu_torch
+    eager = glu_math.swiglu_torch if kind == "swiglu" else glu_math.geglu_torch
 
     def peer():
         if kind == "swiglu":

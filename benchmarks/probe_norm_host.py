@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from liger_registry import kernels as K  # noqa: E402
-from liger_registry.kernels import triton_norm  # noqa: E402
+from liger_registry.kernels.norm import triton_kernels  # noqa: E402
 
 N, H = 16384, 4096
 BF = torch.bfloat16
@@ -129,7 +129,7 @@ def kernel_table(grids: dict) -> None:
         f"\n(d) Triton kernels: {'name':<20}{'grid':>16}{'warps':>7}{'stages':>8}{'shared B':>10}{'regs':>6}{'spills':>8}"
     )
     for name in KERNELS:
-        for k in _compiled_kernels(getattr(triton_norm, name, None)):
+        for k in _compiled_kernels(getattr(triton_kernels, name, None)):
             try:
                 k._init_handles()
             except Exception:  # noqa: BLE001
@@ -143,7 +143,7 @@ def kernel_table(grids: dict) -> None:
 
 
 class _GridRecorder:
-    """Stands in for a triton.jit function in triton_norm while the first calls run: records each launch's grid."""
+    """Stands in for a triton.jit function in triton_kernels while the first calls run: records each launch's grid."""
 
     def __init__(self, fn, name: str, grids: dict):
         self.fn, self.name, self.grids = fn, name, grids
@@ -156,13 +156,13 @@ class _GridRecorder:
 def record_grids() -> tuple[dict, object]:
     """Wrap our norm kernels to record their grids; returns (grids, undo)."""
     grids: dict = {}
-    originals = {name: getattr(triton_norm, name) for name in KERNELS if hasattr(triton_norm, name)}
+    originals = {name: getattr(triton_kernels, name) for name in KERNELS if hasattr(triton_kernels, name)}
     for name, fn in originals.items():
-        setattr(triton_norm, name, _GridRecorder(fn, name, grids))
+        setattr(triton_kernels, name, _GridRecorder(fn, name, grids))
 
     def undo():
         for name, fn in originals.items():
-            setattr(triton_norm, name, fn)
+            setattr(triton_kernels, name, fn)
 
     return grids, undo
 
@@ -172,22 +172,22 @@ def warp_sweep(all_cases: dict) -> None:
     x = torch.randn(N, H, device="cuda").to(BF)
     w, b = torch.randn(H, device="cuda").to(BF), torch.randn(H, device="cuda").to(BF)
     dy = torch.randn(N, H, device="cuda").to(BF)
-    _, mean, rstd = triton_norm.layer_norm_fwd(x, w, b, 1e-5)
-    _, rrstd = triton_norm.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    _, mean, rstd = triton_kernels.layer_norm_fwd(x, w, b, 1e-5)
+    _, rrstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
     print(
         f"\n(g) backward warps: {'factor':>7}{'warps':>7}{'ln bwd ms':>11}{'rms bwd ms':>12}{'LN step ms':>12}{'RMS step ms':>13}"
     )
-    default = triton_norm.BWD_WARP_FACTOR
+    default = triton_kernels.BWD_WARP_FACTOR
     try:
         for factor in (1, 2):
-            triton_norm.BWD_WARP_FACTOR = factor
-            ln = wall_ms(lambda: triton_norm.layer_norm_bwd(dy, x, w, mean, rstd, True, True))
-            rms = wall_ms(lambda: triton_norm.rms_norm_bwd(dy, x, w, rrstd, 0.0, "llama", True))
+            triton_kernels.BWD_WARP_FACTOR = factor
+            ln = wall_ms(lambda: triton_kernels.layer_norm_bwd(dy, x, w, mean, rstd, True, True))
+            rms = wall_ms(lambda: triton_kernels.rms_norm_bwd(dy, x, w, rrstd, 0.0, "llama", True))
             ln_step, rms_step = wall_ms(all_cases["LayerNorm ours"][1]), wall_ms(all_cases["RMSNorm ours"][1])
-            warps = triton_norm._row_launch(H, factor)[1]
+            warps = triton_kernels._row_launch(H, factor)[1]
             print(f"{'':<20}{factor:>7}{warps:>7}{ln:11.3f}{rms:12.3f}{ln_step:12.3f}{rms_step:13.3f}")
     finally:
-        triton_norm.BWD_WARP_FACTOR = default
+        triton_kernels.BWD_WARP_FACTOR = default
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from liger_registry.kernels.add_rms_norm import add_rms_norm
+from liger_registry.kernels.norm import add_rms_norm
 from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
 from liger_registry.modules.module_attr import attr_label, attr_reader, has_attr
 from liger_registry.schemas import AddRmsNormSpec, FamilyEntry

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from liger_registry.kernels.glu_variants import glu_fused, relu_squared, swiglu_clamped
+from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
 
 
 def gate_up_mlp_forward(kind: str, gate_up: str = "gate_up_proj", down: str = "down_proj"):

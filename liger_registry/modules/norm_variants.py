@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from liger_registry.kernels.norm_variants import layer_norm_1p
+from liger_registry.kernels.norm import layer_norm_1p
 
 
 def layer_norm_1p_forward(self, input):

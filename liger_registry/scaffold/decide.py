@@ -11,13 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from liger_registry.kernels.glu_variants import (
-    GLU_KINDS,
+from liger_registry.kernels.glu import GLU_KINDS
+from liger_registry.kernels.glu.torch_math import (
+    geglu_torch,
     glu_fused_torch,
     relu_squared_torch,
     swiglu_clamped_torch,
+    swiglu_torch,
 )
-from liger_registry.kernels.torch_impl import geglu_torch, rms_norm_torch, swiglu_torch
+from liger_registry.kernels.norm.torch_math import rms_norm_torch
 from liger_registry.scaffold.inspect import Captured
 from liger_registry.schemas import KINDS
 from liger_registry.schemas.kernels import RopeSpec

@@ -137,18 +137,18 @@ def test_probe_norm_host_records_each_norm_kernel_grid(monkeypatch) -> None:
     import torch
 
     from liger_registry import kernels as K
-    from liger_registry.kernels import triton_norm
+    from liger_registry.kernels.norm import triton_kernels
 
     probe = _load("probe_norm_host.py")
     monkeypatch.setenv(K.ENV_VAR, "triton")
-    before = {name: getattr(triton_norm, name) for name in probe.KERNELS}
+    before = {name: getattr(triton_kernels, name) for name in probe.KERNELS}
     grids, undo = probe.record_grids()
     x = torch.randn(8, 40, requires_grad=True)
     w, b = torch.randn(40, requires_grad=True), torch.randn(40, requires_grad=True)
     K.layer_norm(x, w, b, 1e-5).sum().backward()
     K.rms_norm(x, w, 1e-6).sum().backward()
     undo()
-    assert {name: getattr(triton_norm, name) for name in probe.KERNELS} == before
+    assert {name: getattr(triton_kernels, name) for name in probe.KERNELS} == before
     assert grids["_ln_fwd_kernel"] == grids["_rms_fwd_kernel"] == {(8,)}  # one program per row
     assert grids["_ln_bwd_kernel"] == grids["_rms_bwd_kernel"] == {(4,)}  # row_programs on the CPU
     assert grids["_sum_parts_kernel"] == {(1, 2), (1, 1)}  # dw + db in one launch; dw alone

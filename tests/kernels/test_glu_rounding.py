@@ -16,7 +16,7 @@ from transformers.integrations.moe import _default_apply_gate
 from transformers.models.gpt_oss import modeling_gpt_oss
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu_variants, triton_utils
+from liger_registry.kernels import glu, triton_utils
 from liger_registry.modules import glu_variants as dropin
 
 DTYPE = torch.float16
@@ -33,9 +33,9 @@ def backend(request, monkeypatch):
     if request.param == "triton":
         if not triton_utils.INTERPRET_AT_IMPORT:
             pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-        from liger_registry.kernels import triton_glu_variants
+        from liger_registry.kernels.glu import triton_kernels
 
-        monkeypatch.setattr(triton_glu_variants, "BLOCK", 256)
+        monkeypatch.setattr(triton_kernels, "BLOCK", 256)
     monkeypatch.setenv(K.ENV_VAR, request.param)
     return request.param
 
@@ -103,7 +103,7 @@ def test_fused_gate_up_rounds_as_phi3_and_the_experts(backend, name, act, kernel
     experts = types.SimpleNamespace(act_fn=ACT2FN[act])
     gate_up = torch.cat([_gate(act), _up()], -1)
     ref = _default_apply_gate(experts, gate_up)
-    _assert_bits_close(f"glu_fused {name}", backend, glu_variants.glu_fused(gate_up, name), ref)
+    _assert_bits_close(f"glu_fused {name}", backend, glu.glu_fused(gate_up, name), ref)
     _assert_bits_close(f"experts {name}", backend, dropin.experts_apply_gate(name)(experts, gate_up), ref)
 
 
@@ -126,7 +126,7 @@ def test_clamped_swiglu_rounds_as_gpt_oss(backend, limit, alpha):
 
 def test_relu_squared_rounds_once_as_nemotron(backend):
     x = (torch.randn(ROWS, COLS, generator=_g(5)) * 30).to(DTYPE)
-    _assert_bits_close("relu2", backend, glu_variants.relu_squared(x), ACT2FN["relu2"](x))
+    _assert_bits_close("relu2", backend, glu.relu_squared(x), ACT2FN["relu2"](x))
 
 
 def test_ulp_distance():

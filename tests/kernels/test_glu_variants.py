@@ -17,7 +17,7 @@ from transformers.models.phi3 import modeling_phi3
 from transformers.models.phi3.configuration_phi3 import Phi3Config
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu_variants, triton_utils
+from liger_registry.kernels import glu, triton_utils
 from liger_registry.modules import glu_variants as dropin
 
 H, INTER = 24, 40  # with the Triton column block lowered to 16, 40 columns are 3 blocks, the last masked
@@ -34,9 +34,9 @@ def backend(request, monkeypatch):
     if request.param == "triton":
         if not triton_utils.INTERPRET_AT_IMPORT:
             pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-        from liger_registry.kernels import triton_glu_variants
+        from liger_registry.kernels.glu import triton_kernels
 
-        monkeypatch.setattr(triton_glu_variants, "BLOCK", 16)
+        monkeypatch.setattr(triton_kernels, "BLOCK", 16)
     monkeypatch.setenv(K.ENV_VAR, request.param)
     return request.param
 
@@ -184,11 +184,11 @@ def test_relu_squared_in_nemotron_mlp(backend):
 
 def test_rejects_odd_gate_up_and_unknown_kind():
     with pytest.raises(ValueError, match="even"):
-        glu_variants.glu_fused(torch.randn(2, 5))
+        glu.glu_fused(torch.randn(2, 5))
     with pytest.raises(ValueError, match="even"):
-        glu_variants.swiglu_clamped(torch.randn(2, 5), 7.0, 1.702)
+        glu.swiglu_clamped(torch.randn(2, 5), 7.0, 1.702)
     with pytest.raises(ValueError, match="kind"):
-        glu_variants.glu_fused(torch.randn(2, 4), "relu")
+        glu.glu_fused(torch.randn(2, 4), "relu")
 
 
 def test_zz_print_errors():

@@ -6,8 +6,8 @@ import torch
 from sm90_compile import compile_for_sm90, distinct, record_launches
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu_variants, triton_flce_vocab, triton_row_stats, triton_utils
-from liger_registry.kernels.add_rms_norm import add_rms_norm
+from liger_registry.kernels import glu, triton_flce_vocab, triton_row_stats, triton_utils
+from liger_registry.kernels.norm import add_rms_norm
 from liger_registry.kernels.rope_variants import rope_variant
 from liger_registry.kernels.scale_unless_one import BLOCK, _scale_unless_one_kernel
 
@@ -44,9 +44,9 @@ def _tour():
     _backward(K.swiglu(g, u))
     _backward(K.geglu(g, u))
     gu = torch.randn(3, 192, generator=_g(4), requires_grad=True)
-    _backward(glu_variants.glu_fused(gu))
-    _backward(glu_variants.swiglu_clamped(gu, 7.0, 1.702))
-    _backward(glu_variants.relu_squared(g))
+    _backward(glu.glu_fused(gu))
+    _backward(glu.swiglu_clamped(gu, 7.0, 1.702))
+    _backward(glu.relu_squared(g))
     q = torch.randn(1, 4, 5, 16, generator=_g(5), requires_grad=True)
     k = torch.randn(1, 2, 5, 16, generator=_g(6), requires_grad=True)
     cos, sin = torch.randn(1, 5, 16, generator=_g(7)), torch.randn(1, 5, 16, generator=_g(8))

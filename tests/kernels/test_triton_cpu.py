@@ -10,13 +10,15 @@ from liger_registry.kernels import (
     ce_torch,
     flce_planner,
     torch_impl,
-    triton_norm,
     triton_row_stats,
     triton_utils,
 )
 from liger_registry.kernels import flce_vocab_rows as vr
 from liger_registry.kernels.flce_options import FlceOptions
 from liger_registry.kernels.flce_target import target_logits_torch
+from liger_registry.kernels.glu import torch_math as glu_math
+from liger_registry.kernels.norm import torch_math as norm_math
+from liger_registry.kernels.norm import triton_kernels as norm_kernels
 from liger_registry.kernels.triton_ce import ce_rows_triton
 from liger_registry.kernels.triton_flce_target import target_logits_triton
 from liger_registry.kernels.triton_flce_vocab import grad_inplace_triton, stats_update_triton
@@ -195,7 +197,7 @@ def test_rms_norm_triton(mode, offset, dtype):
     x.requires_grad_()
     w.requires_grad_()
     y = K.rms_norm(x, w, 1e-6, offset, mode)
-    ref = torch_impl.rms_norm_torch(x, w, 1e-6, offset, mode)
+    ref = norm_math.rms_norm_torch(x, w, 1e-6, offset, mode)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     if dtype == torch.float32 and mode != "none":
         assert torch.allclose(y, ref, rtol=1e-6, atol=1e-6)
@@ -213,7 +215,7 @@ def test_rms_norm_in_place_backward():
     y = K.rms_norm(x, w, 1e-6, in_place_backward=True)
     dy = torch.randn(6, 24, generator=_g(2))
     y.backward(dy.clone())
-    ref = torch_impl.rms_norm_torch(x, w, 1e-6)
+    ref = norm_math.rms_norm_torch(x, w, 1e-6)
     ex, ew = torch.autograd.grad(ref, [x, w], dy)
     _close(x.grad, ex, 1e-5)
     _close(w.grad, ew, 1e-5)
@@ -250,14 +252,14 @@ def test_layer_norm_triton_one_parameter_grad(need):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_norm_partial_sums_kernel(monkeypatch, dtype):
     """Several partial-row steps and column blocks with a ragged tail; the result is cast to the weight dtype."""
-    monkeypatch.setattr(triton_norm, "SUM_BLOCK_P", 8)
+    monkeypatch.setattr(norm_kernels, "SUM_BLOCK_P", 8)
     parts = torch.randn(2, 37, 150, generator=_g())
-    dw, db = triton_norm._sum_parts(parts, dtype)
+    dw, db = norm_kernels._sum_parts(parts, dtype)
     assert dw.dtype == db.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2**-7  # one bf16 rounding of the fp32 sum (<= half an ulp)
     _close(dw, parts[0].sum(0), tol)
     _close(db, parts[1].sum(0), tol)
-    (only,) = triton_norm._sum_parts(parts[1:], dtype)
+    (only,) = norm_kernels._sum_parts(parts[1:], dtype)
     _close(only, parts[1].sum(0), tol)
 
 
@@ -288,7 +290,7 @@ def test_rope_triton(batch_cos, dtype):
 def test_glu_triton(name, dtype):
     a = (torch.randn(3, 1500, generator=_g()) * 3).to(dtype).requires_grad_()  # 4500 = not a multiple of 1024
     b = torch.randn(3, 1500, generator=_g(1)).to(dtype).requires_grad_()
-    torch_fn = getattr(torch_impl, f"{name}_torch")
+    torch_fn = getattr(glu_math, f"{name}_torch")
     y, ref = getattr(K, name)(a, b), torch_fn(a, b)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     _close(y, ref, tol)

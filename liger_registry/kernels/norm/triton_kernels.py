@@ -1,8 +1,9 @@
-"""Triton RMSNorm (llama / gemma / none casting, offset) and LayerNorm: forward and backward row kernels.
+"""Triton RMSNorm (llama / gemma / none casting, offset), fused residual add + RMSNorm, and LayerNorm: forward
+and backward row kernels and their launchers; RMSNorm and add + RMSNorm share one backward kernel.
 
-Host time per call matters here (a norm's kernels take ~0.07 + 0.13 ms at 16384 x 4096 bf16 on an H200, about
-what the Python side of a call costs): launch constants are made once per width, and the backward's weight (and
-bias) gradient partials are summed and cast by one kernel instead of a torch ``sum`` + ``to`` per parameter.
+Host time per call matters here (see benchmarks/NOTES.md): launch constants are made once per width, and the
+backward's weight (and bias) gradient partials are summed and cast by one kernel instead of a torch ``sum`` +
+``to`` per parameter.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_utils as tu
+from .. import triton_utils as tu
 
 _MODES = {"llama": 0, "gemma": 1, "none": 2}
 SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program of the partial-sum kernel
-# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32). At H=4096 and 8 warps, sm_90 builds
-# use 185 (LayerNorm) / 146 (RMSNorm) registers per thread: one 8-warp block per SM; 16 warps take 102 / 59
-# registers (ptxas via triton 3.9): 16 / 32 warps per SM. Unmeasured: benchmarks/probe_norm_host.py compares 1 and 2.
+# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32): register pressure may favour 2 (see
+# benchmarks/NOTES.md, "Norm kernels: host time and backward warps"; benchmarks/probe_norm_host.py compares 1 and 2).
 BWD_WARP_FACTOR = 1
 
 
@@ -89,23 +89,12 @@ def _rms_fwd_kernel(
 
 @triton.jit
 def _rms_bwd_kernel(
-    DY,
-    stride_dy,
-    X,
-    stride_x,
-    W,
-    RSTD,
-    DX,
-    stride_dx,
-    DW_PART,
-    n_rows,
-    n_cols,
-    offset,
-    rows_per_prog,
-    MODE: tl.constexpr,
-    HAS_DW: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    DY, stride_dy, DS, stride_ds, X, stride_x, W, RSTD, DX, stride_dx, DW_PART,
+    n_rows, n_cols, offset, rows_per_prog,
+    MODE: tl.constexpr, HAS_DY: tl.constexpr, HAS_DS: tl.constexpr, HAS_DW: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """dx of RMSNorm over X (HAS_DY: through the norm from DY) plus, for the fused add + RMSNorm, the sum's own
+    gradient DS (HAS_DS); each program loops over its rows and keeps one fp32 partial row of dw."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -116,22 +105,43 @@ def _rms_bwd_kernel(
     base = start.to(tl.int64)
     for i in range(0, end - start):
         row = base + i
-        x_raw = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
-        x = x_raw.to(tl.float32)
-        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
-        xhat = x * rstd
-        if HAS_DW:
-            if MODE == 0:
-                dw += dy * xhat.to(x_raw.dtype).to(tl.float32)
-            else:
-                dw += dy * xhat
-        dxhat = dy * w
-        c = tl.sum(dxhat * xhat, 0) / n_cols
-        dx = rstd * (dxhat - xhat * c)
+        if HAS_DY:
+            x_raw = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+            dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + row)
+            xhat = x_raw.to(tl.float32) * rstd
+            if HAS_DW:
+                if MODE == 0:
+                    dw += dy * xhat.to(x_raw.dtype).to(tl.float32)
+                else:
+                    dw += dy * xhat
+            dxhat = dy * w
+            dx = rstd * (dxhat - xhat * (tl.sum(dxhat * xhat, 0) / n_cols))
+            if HAS_DS:
+                dx += tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            dx = tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
     if HAS_DW:
         tl.store(DW_PART + pid * n_cols + cols, dw, mask=mask)
+
+
+def _rms_bwd_launch(dy, ds, x2, weight, rstd, dx, offset: float, casting_mode: str, need_dw: bool):
+    """Runs :func:`_rms_bwd_kernel` over the rows of ``x2`` [n, h] into ``dx``; ``dy`` / ``ds`` [n, h] or None.
+    Returns the [programs, h] fp32 partials of dw (None unless ``need_dw``)."""
+    n, h = x2.shape
+    progs, per = tu.row_programs(n, x2.device)
+    dw_part = torch.empty((progs, h), dtype=torch.float32, device=x2.device) if need_dw else None
+    if n:
+        block, warps = _row_launch(h, BWD_WARP_FACTOR)
+        dy2 = x2 if dy is None else dy
+        ds2 = x2 if ds is None else ds
+        _rms_bwd_kernel[(progs,)](
+            dy2, dy2.stride(0), ds2, ds2.stride(0), x2, x2.stride(0), weight.contiguous(), rstd, dx, dx.stride(0),
+            rstd if dw_part is None else dw_part, n, h, float(offset), per, MODE=_MODES[casting_mode],
+            HAS_DY=dy is not None, HAS_DS=ds is not None, HAS_DW=need_dw, BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+    return dw_part
 
 
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
@@ -171,32 +181,10 @@ def rms_norm_bwd(
         dx = dy2
     else:
         dx = torch.empty((n, h), dtype=x.dtype, device=x.device)
-    progs, per = tu.row_programs(n, x.device)
-    dw_part = torch.empty((1, progs, h), dtype=torch.float32, device=x.device) if need_dw else rstd
-    if n:
-        block, warps = _row_launch(h, BWD_WARP_FACTOR)
-        _rms_bwd_kernel[(progs,)](
-            dy2,
-            dy2.stride(0),
-            x2,
-            x2.stride(0),
-            weight.contiguous(),
-            rstd,
-            dx,
-            dx.stride(0),
-            dw_part,
-            n,
-            h,
-            float(offset),
-            per,
-            MODE=_MODES[casting_mode],
-            HAS_DW=need_dw,
-            BLOCK=block,
-            num_warps=warps,
-        )
+    dw_part = _rms_bwd_launch(dy2, None, x2, weight, rstd, dx, offset, casting_mode, need_dw)
     dw = None
     if need_dw:
-        dw = _sum_parts(dw_part, weight.dtype)[0] if n else torch.zeros_like(weight)
+        dw = _sum_parts(dw_part[None], weight.dtype)[0] if n else torch.zeros_like(weight)
     return dx.view(shape), dw
 
 
@@ -337,3 +325,59 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
     dw = sums[0] if need_dw else None
     db = sums[-1] if need_db else None
     return dx.view(shape), dw, db
+
+
+@triton.jit
+def _add_rms_fwd_kernel(
+    X, stride_x, R, stride_r, W, S, stride_s, Y, stride_y, RSTD, n_cols, eps, offset,
+    MODE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+    s_raw = (x + r).to(S.dtype.element_ty)  # the add rounds to the activation dtype, as the eager add does
+    tl.store(S + row * stride_s + cols, s_raw, mask=mask)
+    s = s_raw.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(s * s, 0) / n_cols + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    sn = s * rstd
+    if MODE == 0:  # llama: the normalised value is cast to the input dtype before the weight multiplies it
+        sn = sn.to(S.dtype.element_ty).to(tl.float32)
+    tl.store(RSTD + row, rstd)
+    tl.store(Y + row * stride_y + cols, (sn * (offset + w)).to(Y.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mode: str):
+    """``(s, y, rstd)``: s = residual + x in their promoted dtype, y = rmsnorm(s), rstd per row (fp32)."""
+    shape = x.shape
+    x2, r2 = tu.contiguous_rows(x), tu.contiguous_rows(residual)
+    n, h = x2.shape
+    s_dtype = torch.promote_types(x.dtype, residual.dtype)
+    y_dtype = torch.promote_types(s_dtype, weight.dtype) if casting_mode == "llama" else s_dtype
+    s = torch.empty((n, h), dtype=s_dtype, device=x.device)
+    y = torch.empty((n, h), dtype=y_dtype, device=x.device)
+    rstd = torch.empty(n, dtype=torch.float32, device=x.device)
+    if n:
+        block, warps = _row_launch(h)
+        _add_rms_fwd_kernel[(n,)](
+            x2, x2.stride(0), r2, r2.stride(0), weight.contiguous(), s, s.stride(0), y, y.stride(0), rstd,
+            h, float(eps), float(offset), MODE=_MODES[casting_mode], BLOCK=block, num_warps=warps,
+        )  # fmt: skip
+    return s.view(shape), y.view(shape), rstd
+
+
+def add_rms_norm_bwd(dy, ds, s, weight, rstd, offset: float, casting_mode: str, need_dw: bool):
+    """``(d_sum, dw)``: the gradient reaching ``s`` (from ds and through the norm from dy), which is the
+    gradient of both x and residual, and the weight's (None unless ``need_dw`` and dy is given)."""
+    shape = s.shape
+    s2 = tu.contiguous_rows(s)
+    n, h = s2.shape
+    dy2 = tu.contiguous_rows(dy) if dy is not None else None
+    ds2 = tu.contiguous_rows(ds) if ds is not None else None
+    need_dw = need_dw and dy is not None
+    dx = torch.empty((n, h), dtype=s.dtype, device=s.device)
+    dw_part = _rms_bwd_launch(dy2, ds2, s2, weight, rstd, dx, offset, casting_mode, need_dw)
+    dw = (dw_part.sum(0).to(weight.dtype) if n else torch.zeros_like(weight)) if need_dw else None
+    return dx.view(shape), dw

@@ -1,5 +1,14 @@
-"""Triton gated activations read straight from a fused gate_up projection (no split copy): SwiGLU / GeGLU over
-[gate | up] halves, GPT-OSS's clamped SwiGLU over interleaved (gate, up) pairs, and relu² elementwise."""
+"""Triton gated activations and relu², forward and backward, elementwise in fp32:
+
+* SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate gate and up tensors;
+* the same read straight from a fused gate_up projection (no split copy): over [gate | up] halves, and GPT-OSS's
+  clamped SwiGLU over interleaved (gate, up) pairs; their backward writes one gradient shaped like gate_up;
+* relu² elementwise.
+
+Rounded as the modules they replace round (``act_fn(gate) * up`` in transformers' MLPs): the activation is
+computed in fp32 and rounded to the gate's dtype, then multiplied by ``up`` and rounded to the output dtype; each
+op of GPT-OSS's gate; relu² once. The backward is the gradient of that: d up = dc * the rounded activation,
+d gate = dc * up * act'(gate)."""
 
 from __future__ import annotations
 
@@ -7,9 +16,69 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_utils import contiguous_rows, tanh
+from ..triton_utils import contiguous_rows, tanh
 
-SILU, GELU_TANH, CLAMPED = 0, 1, 2
+SILU, GELU_TANH, CLAMPED = 0, 1, 2  # the kernels' KIND
+BLOCK = 1024  # elements per program of the elementwise kernels (columns per program of the gate_up kernels)
+
+
+@triton.jit
+def _glu_fwd_kernel(A, B, C, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    if KIND == 0:
+        act = a * tl.sigmoid(a)
+    else:
+        t = tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
+        act = 0.5 * a * (1.0 + t)
+    act = act.to(A.dtype.element_ty).to(tl.float32)
+    tl.store(C + offs, (act * b).to(C.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(DC, A, B, DA, DB, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dc = tl.load(DC + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    if KIND == 0:
+        sig = tl.sigmoid(a)
+        act = a * sig
+        dact = sig * (1.0 + a * (1.0 - sig))
+    else:
+        inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+        t = tanh(inner)
+        act = 0.5 * a * (1.0 + t)
+        dact = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * a * a)
+    act = act.to(A.dtype.element_ty).to(tl.float32)
+    tl.store(DA + offs, (dc * b * dact).to(DA.dtype.element_ty), mask=mask)
+    tl.store(DB + offs, (dc * act).to(DB.dtype.element_ty), mask=mask)
+
+
+def glu_fwd(a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
+    a, b = a.contiguous(), b.contiguous()
+    c = torch.empty(a.shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
+    n = a.numel()
+    if n:
+        _glu_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, c, n, KIND=kind, BLOCK=BLOCK, num_warps=4)
+    return c
+
+
+def glu_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind: int):
+    dc, a, b = dc.contiguous(), a.contiguous(), b.contiguous()
+    da = torch.empty_like(a)
+    db = torch.empty_like(b)
+    n = a.numel()
+    if n:
+        _glu_bwd_kernel[(triton.cdiv(n, BLOCK),)](dc, a, b, da, db, n, KIND=kind, BLOCK=BLOCK, num_warps=4)
+    return da, db
+
+
 _KINDS = {"swiglu": SILU, "geglu": GELU_TANH, "clamped_swiglu": CLAMPED}
 
 
@@ -81,9 +150,6 @@ def _gate_up_bwd_kernel(
     dst = DGU + row * stride_dgu + cols * STEP
     tl.store(dst, (dy * da).to(DGU.dtype.element_ty), mask=mask)
     tl.store(dst + UP_OFF, (dy * db).to(DGU.dtype.element_ty), mask=mask)
-
-
-BLOCK = 1024
 
 
 def _geometry(gate_up: torch.Tensor, kind: str):

@@ -1,0 +1,63 @@
+"""GLU kernels: SwiGLU / GeGLU on split gate and up, the same over a fused gate_up projection, GPT-OSS's clamped
+SwiGLU, and relu²; each public function validates its arguments and runs the backend its registered Op decides
+(see ``ops``).
+
+* :func:`glu_fused` ``(gate_up, kind)``: ``gate, up = gate_up.chunk(2, -1)``; ``up * act(gate)`` with act silu
+  (``swiglu``) or tanh-gelu (``geglu``): phi3 / glm / glm4 ``MLP.forward``, the gate is the first half.
+* :func:`swiglu_clamped` ``(gate_up, limit, alpha)``: GPT-OSS's ``GptOssExperts._apply_gate``: gate and up
+  interleaved (``gate_up[..., ::2]``, ``gate_up[..., 1::2]``), ``gate.clamp(max=limit)``,
+  ``up.clamp(-limit, limit)``, ``(up + 1) * gate * sigmoid(alpha * gate)``.
+* :func:`relu_squared` ``(x)``: ``relu(x) ** 2``, nemotron's ``ACT2FN["relu2"]`` (``ReLUSquaredActivation``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import GEGLU_OP, GLU_FUSED, RELU_SQUARED, SWIGLU_CLAMPED, SWIGLU_OP
+
+GLU_KINDS = ("swiglu", "geglu")
+
+
+def _check_gate_up(gate_up: torch.Tensor, what: str) -> None:
+    if gate_up.dim() == 0 or gate_up.shape[-1] % 2:
+        raise ValueError(
+            f"{what}: the last dim of gate_up must be even (2 * intermediate), got {tuple(gate_up.shape)}"
+        )
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``."""
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return SWIGLU_OP(gate, up)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``gelu(gate, approximate="tanh") * up``."""
+    if gate.shape != up.shape:
+        raise ValueError(f"geglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return GEGLU_OP(gate, up)
+
+
+def glu_fused(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:
+    """``up * act(gate)`` with ``gate, up = gate_up.chunk(2, -1)``; kind ``swiglu`` (silu) or ``geglu``
+    (tanh gelu). Result ``[..., I]`` for gate_up ``[..., 2I]``."""
+    if kind not in GLU_KINDS:
+        raise ValueError(f"glu_fused: kind={kind!r}; expected one of {', '.join(GLU_KINDS)}")
+    _check_gate_up(gate_up, "glu_fused")
+    return GLU_FUSED(gate_up, kind)
+
+
+def swiglu_clamped(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """GPT-OSS's clamped SwiGLU over interleaved (gate, up) pairs of gate_up ``[..., 2I]``; result ``[..., I]``."""
+    _check_gate_up(gate_up, "swiglu_clamped")
+    return SWIGLU_CLAMPED(gate_up, limit, alpha)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x) ** 2`` (nemotron's ``relu2``)."""
+    return RELU_SQUARED(x)
+
+
+__all__ = ["GLU_KINDS", "geglu", "glu_fused", "relu_squared", "swiglu", "swiglu_clamped"]

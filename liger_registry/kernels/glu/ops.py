@@ -1,0 +1,148 @@
+"""The GLU ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): SwiGLU / GeGLU on
+split gate and up, the gated activations over a fused gate_up (SwiGLU, GeGLU, GPT-OSS's clamped SwiGLU) and
+relu²; and their registered :class:`~..op.Op` (the backend rule of each call).
+
+Outputs are written contiguous (rows), whatever the inputs' layout; the split GLU's torch branch makes its
+result contiguous to agree, so its derived fake is exactly the Triton output's layout.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..define import define_op
+from ..op import Op, register
+from . import torch_math as tm
+from . import triton_kernels as tk
+
+# ---------------------------------------------------------------- SwiGLU / GeGLU on split gate and up
+_GLU_TORCH = {tk.SILU: tm.swiglu_torch, tk.GELU_TANH: tm.geglu_torch}
+
+
+def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int, backend: str) -> Tensor:
+    if backend == "torch":
+        return _GLU_TORCH[kind](gate, up).contiguous()
+    return tk.glu_fwd(gate, up, kind)
+
+
+def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int, backend: str) -> tuple[Tensor, Tensor]:
+    if backend == "torch":
+        da, db = tm.glu_bwd_torch(dc, gate, up, kind)
+        return da.contiguous(), db.contiguous()
+    return tk.glu_bwd(dc, gate, up, kind)
+
+
+glu_bwd = define_op("glu_bwd", _glu_bwd_impl)
+
+
+def _glu_setup(ctx, inputs, output):
+    gate, up, kind, backend = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.args = (kind, backend)
+
+
+def _glu_backward(ctx, dc):
+    gate, up = ctx.saved_tensors
+    da, db = glu_bwd.from_backward(ctx, dc, gate, up, *ctx.args)
+    return da, db, None, None
+
+
+glu_fwd = define_op("glu_fwd", _glu_fwd_impl, setup=_glu_setup, backward=_glu_backward)
+
+
+def swiglu_triton(gate, up):
+    return glu_fwd(gate, up, tk.SILU, "triton")
+
+
+def geglu_triton(gate, up):
+    return glu_fwd(gate, up, tk.GELU_TANH, "triton")
+
+
+# ---------------------------------------------------------------- gated activations over a fused gate_up, relu²
+# Triton only (no backend argument: their torch path is the torch_math function under autograd), so the fakes
+# are given.
+def _gate_up_fwd_impl(gate_up: Tensor, kind: str, limit: float, alpha: float) -> Tensor:
+    return tk.gate_up_fwd(gate_up, kind, limit, alpha)
+
+
+def _gate_up_fwd_fake(gate_up, kind, limit, alpha):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+def _gate_up_bwd_impl(dout: Tensor, gate_up: Tensor, kind: str, limit: float, alpha: float) -> Tensor:
+    return tk.gate_up_bwd(dout, gate_up, kind, limit, alpha)
+
+
+def _gate_up_bwd_fake(dout, gate_up, kind, limit, alpha):
+    return gate_up.new_empty(gate_up.shape)
+
+
+gate_up_bwd = define_op("gate_up_bwd", _gate_up_bwd_impl, fake=_gate_up_bwd_fake)
+
+
+def _gate_up_setup(ctx, inputs, output):
+    gate_up, kind, limit, alpha = inputs
+    ctx.save_for_backward(gate_up)
+    ctx.args = (kind, limit, alpha)
+
+
+def _gate_up_backward(ctx, dout):
+    (gate_up,) = ctx.saved_tensors
+    return gate_up_bwd.from_backward(ctx, dout, gate_up, *ctx.args), None, None, None
+
+
+gate_up_fwd = define_op(
+    "gate_up_fwd", _gate_up_fwd_impl, setup=_gate_up_setup, backward=_gate_up_backward, fake=_gate_up_fwd_fake
+)
+
+
+def _relu_squared_impl(x: Tensor, dy: Tensor | None) -> Tensor:
+    """``relu(x) ** 2`` or, given ``dy``, its gradient ``2 * relu(x) * dy``: one op for both passes."""
+    return tk.relu_squared_apply(x, dy)
+
+
+def _relu_squared_fake(x, dy):
+    return x.new_empty(x.shape)
+
+
+def _relu_squared_setup(ctx, inputs, output):
+    x, dy = inputs
+    ctx.save_for_backward(x)
+    ctx.is_gradient = dy is not None
+
+
+def _relu_squared_backward(ctx, dout):
+    if ctx.is_gradient:
+        raise NotImplementedError("relu_squared: no double backward")
+    (x,) = ctx.saved_tensors
+    return relu_squared_op.from_backward(ctx, x, dout), None
+
+
+relu_squared_op = define_op(
+    "relu_squared",
+    _relu_squared_impl,
+    setup=_relu_squared_setup,
+    backward=_relu_squared_backward,
+    fake=_relu_squared_fake,
+)
+
+
+def glu_fused_triton(gate_up: Tensor, kind: str = "swiglu") -> Tensor:
+    return gate_up_fwd(gate_up, kind, 0.0, 0.0)
+
+
+def swiglu_clamped_triton(gate_up: Tensor, limit: float, alpha: float) -> Tensor:
+    return gate_up_fwd(gate_up, "clamped_swiglu", float(limit), float(alpha))
+
+
+def relu_squared_triton(x: Tensor) -> Tensor:
+    return relu_squared_op(x, None)
+
+
+SWIGLU_OP = register(Op("swiglu", torch_impl=tm.swiglu_torch, triton_impl=swiglu_triton))
+GEGLU_OP = register(Op("geglu", torch_impl=tm.geglu_torch, triton_impl=geglu_triton))
+GLU_FUSED = register(Op("glu_fused", torch_impl=tm.glu_fused_torch, triton_impl=glu_fused_triton))
+SWIGLU_CLAMPED = register(
+    Op("swiglu_clamped", torch_impl=tm.swiglu_clamped_torch, triton_impl=swiglu_clamped_triton)
+)
+RELU_SQUARED = register(Op("relu_squared", torch_impl=tm.relu_squared_torch, triton_impl=relu_squared_triton))
