@@ -11,7 +11,7 @@ from . import torch_impl
 from .ce_output import CrossEntropyOutput, argmax_mode_for, ce_output, token_accuracy
 from .ce_torch import check_ce_options
 from .cross_entropy import cross_entropy_torch
-from .custom_ops import geglu_triton, layer_norm_triton, rms_norm_triton, rope_triton, swiglu_triton
+from .custom_ops import geglu_triton, layer_norm_triton, rms_norm_triton, swiglu_triton
 from .custom_ops_loss import cross_entropy_fused, cross_entropy_triton
 from .flce import FLCEOutput, FusedLinearCrossEntropyFunction
 from .flce import fused_linear_cross_entropy as fused_linear_cross_entropy
@@ -31,6 +31,7 @@ from .op import (
     requested_backend,
     why_not_triton,
 )
+from .rope import rope, rope_variant
 
 
 def _max_cols(limit: int = 65536):
@@ -53,15 +54,13 @@ register(
         extra_check=_max_cols(),
     )
 )
-register(Op("rope", torch_impl=torch_impl.rope_torch, triton_impl=rope_triton))
 register(Op("swiglu", torch_impl=torch_impl.swiglu_torch, triton_impl=swiglu_triton))
 register(Op("geglu", torch_impl=torch_impl.geglu_torch, triton_impl=geglu_triton))
 
-# the issue-12 variants register their ops on import (rope_variant, glu_fused, swiglu_clamped, relu_squared,
-# add_rms_norm), so decide_backend and explain know them
+# the issue-12 variants register their ops on import (glu_fused, swiglu_clamped, relu_squared, add_rms_norm),
+# so decide_backend and explain know them
 from . import add_rms_norm as _add_rms_norm  # noqa: E402, F401
 from . import glu_variants as _glu_variants  # noqa: E402, F401
-from . import rope_variants as _rope_variants  # noqa: E402, F401
 
 
 def cross_entropy(
@@ -163,13 +162,6 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return OPS["layer_norm"](x, weight, bias, eps)
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotary embedding of q and k [batch, heads, seq, head_dim] with cos/sin [batch or 1, seq, head_dim];
-    identical to HF ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``. Returns ``(q_out, k_out)``."""
-    torch_impl.check_rope_shapes(q, k, cos, sin)
-    return OPS["rope"](q, k, cos, sin)
-
-
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up``."""
     if gate.shape != up.shape:
@@ -209,6 +201,7 @@ __all__ = [
     "requested_backend",
     "rms_norm",
     "rope",
+    "rope_variant",
     "swiglu",
     "why_not_triton",
 ]

@@ -8,7 +8,7 @@ direct call of ``torch.ops.liger_registry.*`` works everywhere.
 Layouts: a fake gives exactly the shape, dtype and strides of its op's outputs on both backends (inductor
 asserts them). The row ops (norms, GLU) write fresh outputs, so writing them contiguous costs nothing and
 their consumers (linear layers) want rows anyway: every output is contiguous, whatever the input's layout, and
-the torch branch makes its result contiguous to agree. RoPE keeps its input's layout (see ``rope``).
+the torch branch makes its result contiguous to agree. (RoPE keeps its input's layout: see ``rope.ops``.)
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import torch_impl, triton_glu, triton_norm, triton_rope
+from . import torch_impl, triton_glu, triton_norm
 from .define import define_op
-from .triton_rope_variants import rope_out_like
 
 NS = "liger_registry"
 
@@ -258,68 +257,6 @@ _LayerNormFn = _eager_function("_LayerNormFn", _layer_norm_fwd_impl, _ln_setup, 
 
 def layer_norm_triton(x, weight, bias, eps):
     return _call(layer_norm_fwd, _LayerNormFn, x, weight, bias, float(eps), "triton")[0]
-
-
-# ---------------------------------------------------------------- RoPE
-# Outputs keep the layout of q / k (``rope_out_like``), as HF's function does: attention passes transposed views
-# of its projections, and what follows (the attention kernel, the KV cache, a seq-first family's transpose back)
-# sees the layout it sees unpatched. The kernel writes fresh outputs in any layout at no cost; the torch branch's
-# result is put in that layout when it differs.
-def _in_rope_layout(result: Tensor, x: Tensor) -> Tensor:
-    out = rope_out_like(x, result.dtype)
-    return result if out.stride() == result.stride() else out.copy_(result)
-
-
-def _rope_op_impl(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool, backend: str
-) -> tuple[Tensor, Tensor]:
-    if backend == "torch":
-        fn = torch_impl.rope_bwd_torch if backward else torch_impl.rope_torch  # backward: q, k are the grads
-        q_out, k_out = fn(q, k, cos, sin)
-        return _in_rope_layout(q_out, q), _in_rope_layout(k_out, k)
-    return triton_rope.rope_apply(q, k, cos, sin, backward=backward)
-
-
-rope_op = torch.library.custom_op(f"{NS}::rope", _rope_op_impl, mutates_args=())
-
-
-@rope_op.register_fake
-def _(q, k, cos, sin, backward, backend):
-    if backward:  # the gradients keep their own dtypes
-        return rope_out_like(q, q.dtype), rope_out_like(k, k.dtype)
-    return (
-        rope_out_like(q, torch.promote_types(q.dtype, cos.dtype)),
-        rope_out_like(k, torch.promote_types(k.dtype, cos.dtype)),
-    )
-
-
-def _rope_setup(ctx, inputs, output):
-    q, k, cos, sin, _, backend = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.backend = backend
-    ctx.dtypes = (q.dtype, k.dtype)
-    ctx.shapes = (q.shape, k.shape)
-
-
-def _rope_backward(ctx, dq, dk):
-    cos, sin = ctx.saved_tensors
-    if dq is None:  # an unused output (grads are not materialised on the eager path)
-        dq = cos.new_zeros(ctx.shapes[0], dtype=ctx.dtypes[0])
-    if dk is None:
-        dk = cos.new_zeros(ctx.shapes[1], dtype=ctx.dtypes[1])
-    fn = _rope_op_impl if getattr(ctx, "eager", False) else rope_op
-    gq, gk = fn(dq, dk, cos, sin, True, ctx.backend)
-    return gq.to(ctx.dtypes[0]), gk.to(ctx.dtypes[1]), None, None, None, None
-
-
-torch.library.register_autograd(f"{NS}::rope", _rope_backward, setup_context=_rope_setup)
-
-
-_RopeFn = _eager_function("_RopeFn", _rope_op_impl, _rope_setup, _rope_backward)
-
-
-def rope_triton(q, k, cos, sin):
-    return _call(rope_op, _RopeFn, q, k, cos, sin, False, "triton")
 
 
 # ---------------------------------------------------------------- SwiGLU / GeGLU

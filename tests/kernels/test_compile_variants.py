@@ -11,7 +11,7 @@ from liger_registry.kernels import triton_utils
 from liger_registry.kernels.add_rms_norm import add_rms_norm
 from liger_registry.kernels.glu_variants import glu_fused, relu_squared, swiglu_clamped
 from liger_registry.kernels.norm_variants import layer_norm_1p
-from liger_registry.kernels.rope_variants import rope_variant
+from liger_registry.kernels.rope import rope_variant
 
 B, H, S, D = 2, 4, 3, 8
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -25,7 +25,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next
 from liger_registry.kernels.add_rms_norm import add_rms_norm
 from liger_registry.kernels.glu_variants import glu_fused, glu_fused_torch, relu_squared, swiglu_clamped
 from liger_registry.kernels.norm_variants import layer_norm_1p
-from liger_registry.kernels.rope_variants import rope_variant_torch
+from liger_registry.kernels.rope import rope_variant_torch
 from liger_registry.kernels.variant_backend import VARIANT_OPS, variant_backend
 from liger_registry.modules import rope_variants as dropin
 

@@ -333,7 +333,7 @@ def _variant_cases() -> list[Case]:
                 rot, interleaved, per_pair = opts
 
                 def rope(_backend, qk=qk, cs=cs, rot=rot, interleaved=interleaved, per_pair=per_pair):
-                    q, k = _qk(qk, grad=False)
+                    q, k = _qk(qk, grad=True)
                     cos, sin = _cos_sin(cs, rot // 2 if per_pair else rot)
                     return (q, k, cos, sin, rot, interleaved, per_pair, q.dtype, k.dtype, False)
 
