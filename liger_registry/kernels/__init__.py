@@ -7,11 +7,9 @@ import torch
 from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import check_ignore_index, check_logit_factor
 
-from . import torch_impl
 from .ce_output import CrossEntropyOutput, argmax_mode_for, ce_output, token_accuracy
 from .ce_torch import check_ce_options
 from .cross_entropy import cross_entropy_torch
-from .custom_ops import rope_triton
 from .custom_ops_loss import cross_entropy_fused, cross_entropy_triton
 from .flce import FLCEOutput, FusedLinearCrossEntropyFunction
 from .flce import fused_linear_cross_entropy as fused_linear_cross_entropy
@@ -33,12 +31,9 @@ from .op import (
     requested_backend,
     why_not_triton,
 )
+from .rope import rope, rope_variant
 
 register(Op("cross_entropy", torch_impl=cross_entropy_torch, triton_impl=cross_entropy_triton))
-register(Op("rope", torch_impl=torch_impl.rope_torch, triton_impl=rope_triton))
-
-# the rope variant registers its op on import, so decide_backend and explain know it
-from . import rope_variants as _rope_variants  # noqa: E402, F401
 
 
 def cross_entropy(
@@ -108,13 +103,6 @@ def cross_entropy(
     )
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotary embedding of q and k [batch, heads, seq, head_dim] with cos/sin [batch or 1, seq, head_dim];
-    identical to HF ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``. Returns ``(q_out, k_out)``."""
-    torch_impl.check_rope_shapes(q, k, cos, sin)
-    return OPS["rope"](q, k, cos, sin)
-
-
 __all__ = [
     "BACKENDS",
     "ENV_VAR",
@@ -144,6 +132,7 @@ __all__ = [
     "requested_backend",
     "rms_norm",
     "rope",
+    "rope_variant",
     "swiglu",
     "swiglu_clamped",
     "why_not_triton",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from liger_registry.kernels.rope_variants import rope_variant
+from liger_registry.kernels.rope import rope_variant
 
 
 def _heads_first(unsqueeze_dim: int, *xs):

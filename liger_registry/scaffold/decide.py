@@ -22,7 +22,7 @@ from liger_registry.kernels.glu.torch_math import (
 from liger_registry.kernels.norm.torch_math import rms_norm_torch
 from liger_registry.scaffold.inspect import Captured
 from liger_registry.schemas import KINDS
-from liger_registry.schemas.kernels import RopeSpec
+from liger_registry.schemas.kernels import ROPE_LAYOUTS, RopeSpec
 
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 GLU_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("gate", "up", "down"))
@@ -321,11 +321,6 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     return verdict
 
 
-# Tried in this order: the first layout whose drop-in reproduces every recorded call is drafted (rotate_half
-# first, so a full-head rotary keeps the plain kernel that partial would also reproduce).
-ROPE_LAYOUTS = ("rotate_half", "partial", "interleaved", "interleaved_fp32", "half_split", "complex")
-
-
 def rope_dropin(layout: str):
     """The drop-in function the rope kind installs for `layout`."""
     from liger_registry.registry.plan import maker
@@ -415,7 +410,7 @@ def decide_rope(
         )
         return verdict
     errors = {}
-    for layout in ROPE_LAYOUTS:
+    for layout in ROPE_LAYOUTS:  # in its order: the first whose drop-in reproduces every recorded call
         if (error := _layout_error(layout, original, calls, low_calls)) is None:
             if layout != "rotate_half":
                 verdict.spec["layout"] = layout

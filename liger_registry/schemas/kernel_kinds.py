@@ -13,6 +13,7 @@ from pydantic import Field, StrictBool, create_model
 
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.kernels import (
+    ROPE_LAYOUTS,
     AddRmsNormSpec,
     GluSpec,
     KernelSpec,
@@ -115,30 +116,12 @@ KINDS: dict[str, KernelKind] = {
             "rope",
             RopeSpec,
             "module function",
-            "liger_registry.modules.rope:apply_rotary_pos_emb",
+            ROPE_LAYOUTS["rotate_half"].function,
             "Fused rotary embedding of q and k together, in the layout of the family's function.",
-            variants=(
-                (
-                    "partial",
-                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_partial",
-                    "rope_variant",
-                ),
-                (
-                    "interleaved",
-                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_interleaved",
-                    "rope_variant",
-                ),
-                (
-                    "interleaved_fp32",
-                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_interleaved_fp32",
-                    "rope_variant",
-                ),
-                (
-                    "half_split",
-                    "liger_registry.modules.rope_variants:apply_rotary_pos_emb_half_split",
-                    "rope_variant",
-                ),
-                ("complex", "liger_registry.modules.rope_variants:apply_rotary_emb", "rope_variant"),
+            variants=tuple(
+                (name, layout.function, "rope_variant")
+                for name, layout in ROPE_LAYOUTS.items()
+                if name != "rotate_half"
             ),
         ),
         KernelKind(

@@ -25,7 +25,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next
 from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
 from liger_registry.kernels.glu.torch_math import glu_fused_torch
 from liger_registry.kernels.norm import add_rms_norm, layer_norm_1p
-from liger_registry.kernels.rope_variants import rope_variant_torch
+from liger_registry.kernels.rope import rope_variant_torch
 from liger_registry.kernels.variant_backend import VARIANT_OPS, variant_backend
 from liger_registry.modules import rope_variants as dropin
 

@@ -8,7 +8,7 @@ from sm90_compile import compile_for_sm90, distinct, record_launches
 from liger_registry import kernels as K
 from liger_registry.kernels import glu, triton_flce_vocab, triton_row_stats, triton_utils
 from liger_registry.kernels.norm import add_rms_norm
-from liger_registry.kernels.rope_variants import rope_variant
+from liger_registry.kernels.rope import rope_variant
 from liger_registry.kernels.scale_unless_one import BLOCK, _scale_unless_one_kernel
 
 pytestmark = pytest.mark.skipif(

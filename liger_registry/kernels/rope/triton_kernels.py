@@ -1,5 +1,6 @@
-"""Triton RoPE over every layout of the rope variants: rotate-half or interleaved pairs, partial rotary dim,
-one cos per element or per pair; q and k of one (batch, position) in one program, pass-through dims copied."""
+"""Triton RoPE, one kernel for every layout: rotate-half or interleaved pairs, partial rotary dim, one cos per
+element or per pair; q and k of one (batch, position) in one program (cos/sin loaded once), pass-through dims
+copied."""
 
 from __future__ import annotations
 
@@ -15,14 +16,7 @@ def _rotate_rows(
     dst_row,
     dst_h,
     n_heads,
-    i,
-    imask,
-    p,
-    pmask,
-    c1,
-    c2,
-    s1,
-    s2,
+    pairs,
     HALF: tl.constexpr,
     ROT: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -30,7 +24,9 @@ def _rotate_rows(
     HAS_PASS: tl.constexpr,
     BACKWARD: tl.constexpr,
 ):
-    """Rotate the pairs (and copy the pass-through dims) of every head of one (batch, position) row."""
+    """Rotate the pairs (and copy the pass-through dims) of every head of one (batch, position) row of q or k;
+    ``pairs``: the pair and pass-through offsets with their masks, and the row's cos/sin halves."""
+    i, imask, p, pmask, c1, c2, s1, s2 = pairs
     h = tl.arange(0, BLOCK_H)
     hmask = h[:, None] < n_heads
     m = hmask & imask[None, :]
@@ -59,7 +55,7 @@ def _rotate_rows(
 
 
 @triton.jit
-def _rope_variant_kernel(
+def _rope_kernel(
     Q,
     sqb,
     sqh,
@@ -110,20 +106,14 @@ def _rope_variant_kernel(
     c2 = tl.load(c_ptr + COS2 + i, mask=imask, other=0.0).to(tl.float32)
     s1 = tl.load(s_ptr + i, mask=imask, other=0.0).to(tl.float32)
     s2 = tl.load(s_ptr + COS2 + i, mask=imask, other=0.0).to(tl.float32)
+    pairs = (i, imask, p, pmask, c1, c2, s1, s2)
     _rotate_rows(
         Q + b * sqb + s * sqs,
         sqh,
         QO + b * sob + s * sos,
         soh,
         n_qh,
-        i,
-        imask,
-        p,
-        pmask,
-        c1,
-        c2,
-        s1,
-        s2,
+        pairs,
         HALF,
         ROT,
         INTERLEAVED,
@@ -137,14 +127,7 @@ def _rope_variant_kernel(
         KO + b * stb + s * sts,
         sth,
         n_kh,
-        i,
-        imask,
-        p,
-        pmask,
-        c1,
-        c2,
-        s1,
-        s2,
+        pairs,
         HALF,
         ROT,
         INTERLEAVED,
@@ -161,7 +144,7 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 def rope_out_like(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The output of rotating ``x``: x's layout (a seq-first view stays seq-first; a non-dense one, e.g. q sliced
     from a fused qkv projection, gets the dense layout of the same dim order), contiguous when x's last dim is
-    not unit-stride (the kernel reads a contiguous copy then). Shared with the custom ops' fakes."""
+    not unit-stride (the kernel reads a contiguous copy then). The torch branch of the ops writes the same."""
     if x.stride(-1) != 1:
         return torch.empty(x.shape, dtype=dtype, device=x.device)
     return torch.empty_like(x, dtype=dtype)
@@ -171,18 +154,17 @@ def _bstride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] != 1 else 0
 
 
-def rope_variant_apply(
+def rotate(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    *,
     rotary_dim: int,
     interleaved: bool,
     cos_per_pair: bool,
     q_dtype: torch.dtype,
     k_dtype: torch.dtype,
-    backward: bool = False,
+    backward: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [B, Hq, S, D] and k [B, Hk, S, D] (any strides, copied only if the last is not 1) by cos/sin
     [B or 1, S, C]; the first ``rotary_dim`` dims rotate, the rest pass through. Pair j uses ``cos[j]``
@@ -201,7 +183,7 @@ def rope_variant_apply(
     block_kh = triton.next_power_of_2(max(n_kh, 1))
     block_p = triton.next_power_of_2(max(n_pass, 1))
     tile = (block_qh + block_kh) * (block_i + (block_p if n_pass else 0))
-    _rope_variant_kernel[(bsz * seq,)](
+    _rope_kernel[(bsz * seq,)](
         q,
         q.stride(0),
         q.stride(1),
