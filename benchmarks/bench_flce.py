@@ -197,7 +197,7 @@ def ours_fn(x, w, t, kwargs: dict):
 def ours_layout_fn(x, w, t, kwargs: dict, keep: bool):
     """``ours_fn`` with the vocab layout ``keep`` instead of the cost model's: False keeps only pass 1's last chunk,
     True every chunk where that applies (``vocab_geometry(keep=...)``)."""
-    from liger_registry.kernels import flce_vocab
+    from liger_registry.kernels.flce import vocab as flce_vocab
 
     real = flce_vocab.vocab_geometry
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import env_info, incremental_peak_mib, median_ms, write_json  # noqa: E402
 
 from liger_registry import kernels as K  # noqa: E402
-from liger_registry.kernels.flce_cost import device_peaks, tokens_ms, vocab_ms  # noqa: E402
+from liger_registry.kernels.flce.cost import device_peaks, tokens_ms, vocab_ms  # noqa: E402
 
 SHAPES = {"llama3": (4096, 128256), "gpt-oss": (2880, 201088)}
 BUDGETS = {"C=1": {"chunk_mem_const": 1}, "C=8": {"chunk_mem_const": 8}, "512MiB": {"max_chunk_mib": 512}}

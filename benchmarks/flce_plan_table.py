@@ -10,7 +10,7 @@ import argparse
 import torch
 
 from liger_registry.kernels import flce_plan
-from liger_registry.kernels.flce_cost import peaks_for, tokens_ms, vocab_ms
+from liger_registry.kernels.flce.cost import peaks_for, tokens_ms, vocab_ms
 
 SHAPES = {"Llama-3 H=4096 V=128256": (4096, 128256), "GPT-OSS H=2880 V=201088": (2880, 201088)}
 BUDGETS = {"C=1": {"chunk_mem_const": 1}, "C=8": {"chunk_mem_const": 8}, "512 MiB": {"max_chunk_mib": 512}}

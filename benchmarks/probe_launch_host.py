@@ -11,9 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from liger_registry.kernels.flce_options import FlceOptions  # noqa: E402
-from liger_registry.kernels.flce_vocab_rows import RowCoefs  # noqa: E402
-from liger_registry.kernels.triton_flce_vocab import grad_inplace_triton  # noqa: E402
+from liger_registry.kernels.flce.options import FlceOptions  # noqa: E402
+from liger_registry.kernels.flce.triton_vocab import grad_inplace_triton  # noqa: E402
+from liger_registry.kernels.flce.vocab_rows import RowCoefs  # noqa: E402
 
 
 def host_us(fn, n=100) -> float:

@@ -20,12 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import median_ms, write_json  # noqa: E402
 
-from liger_registry.kernels import triton_flce_vocab as tv  # noqa: E402
-from liger_registry.kernels import triton_row_stats  # noqa: E402
-from liger_registry.kernels.ce_rows import row_scales  # noqa: E402
-from liger_registry.kernels.flce_options import FlceOptions  # noqa: E402
-from liger_registry.kernels.flce_vocab_rows import new_state  # noqa: E402
-from liger_registry.kernels.triton_ce import ce_rows_triton  # noqa: E402
+from liger_registry.kernels.ce import triton_row_stats  # noqa: E402
+from liger_registry.kernels.ce.triton_rows import ce_rows_triton, row_scales  # noqa: E402
+from liger_registry.kernels.flce import triton_vocab as tv  # noqa: E402
+from liger_registry.kernels.flce.options import FlceOptions  # noqa: E402
+from liger_registry.kernels.flce.vocab_rows import new_state  # noqa: E402
 
 CONFIGS = [
     ("lanes", 2048),

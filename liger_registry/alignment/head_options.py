@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from liger_registry.constants import IGNORE_INDEX
-from liger_registry.kernels.flce_options import FlceOptions
+from liger_registry.kernels.flce.options import FlceOptions
 
 
 @dataclass(frozen=True)

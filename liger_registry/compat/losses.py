@@ -16,7 +16,7 @@ from torch import nn
 
 from liger_registry import kernels
 from liger_registry.constants import IGNORE_INDEX
-from liger_registry.kernels.flce_options import OPTION_FIELDS, FlceOptions
+from liger_registry.kernels.flce.options import OPTION_FIELDS, FlceOptions
 
 # The class-weight keyword: torch's `weight` where the kernel takes it (cross_entropy), else `class_weights`
 # (fused_linear_cross_entropy, whose `weight` is the head's).

@@ -11,7 +11,8 @@ from transformers.loss import loss_utils
 from liger_registry import kernels as K
 from liger_registry.forwards.causal_lm import next_token_labels
 from liger_registry.forwards.logits_loss import cross_entropy_loss
-from liger_registry.kernels import flce_planner, triton_utils
+from liger_registry.kernels import triton_utils
+from liger_registry.kernels.flce import planner as flce_planner
 
 BACKENDS = [
     "torch",

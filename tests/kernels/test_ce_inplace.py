@@ -1,5 +1,5 @@
 """cross_entropy(inplace_backward=True): same loss and gradient as the default, the gradient left in the logits'
-storage, and the refusals of kernels/ce_inplace.py, on both backends (Triton through the interpreter)."""
+storage, and the refusals of kernels/ce/op.py, on both backends (Triton through the interpreter)."""
 
 import pytest
 import torch

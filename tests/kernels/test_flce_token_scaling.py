@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from liger_registry import kernels as K
-from liger_registry.kernels import flce_planner, triton_utils
+from liger_registry.kernels import triton_utils
+from liger_registry.kernels.flce import planner as flce_planner
 
 
 def token_scaled_reference(

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import flce_chunk_geometry, flce_planner
+from liger_registry.kernels import flce_chunk_geometry
+from liger_registry.kernels.flce import planner as flce_planner
 
 STRATEGIES = ["tokens", "vocab"]
 
@@ -206,7 +207,7 @@ def test_vocab_strategy_mixed_dtypes_and_non_contiguous_hidden():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp32_accumulation_fallback(dtype):
-    from liger_registry.kernels.flce_vocab import accumulate_fp32
+    from liger_registry.kernels.flce.vocab import accumulate_fp32
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(9, 20, generator=g).to(dtype)
@@ -249,7 +250,7 @@ def test_bf16_loss_within_1e5_of_float64(inputs, strategy):
 def test_vocab_pass_two_reuses_the_last_chunk(monkeypatch, bias):
     """Pass 2 runs the chunks in reverse and starts from the logits pass 1 left in the buffer: 2k - 1 logits
     GEMMs for k chunks (k without a gradient), and the same result."""
-    from liger_registry.kernels import flce_vocab
+    from liger_registry.kernels.flce import vocab as flce_vocab
 
     hidden, weight, target, b = _inputs(n=64, h=16, v=50, bias=bias)
     calls = []

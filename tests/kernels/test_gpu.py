@@ -479,7 +479,7 @@ def test_cross_entropy_bf16_conventions(reduction):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_fused_linear_jsd(dtype, beta):
-    from liger_registry.kernels.jsd import jsd_rows_differentiable
+    from liger_registry.kernels.jsd.loop import jsd_rows_differentiable
 
     g = torch.Generator(device="cuda").manual_seed(7)
     n, h, v = 1027, 512, 32007
@@ -560,7 +560,7 @@ def test_flce_strategies_vs_float64(inputs):
 def test_flce_vocab_fp32_paths_agree(monkeypatch):
     """dX accumulated by cuBLAS in fp32 (``addmm(out_dtype=fp32)``, when this torch has it) vs upcast operands:
     both right, and the loss (bf16 logits + the exact fp32 target logit) within 1e-5 of float64 on both."""
-    from liger_registry.kernels import flce_vocab
+    from liger_registry.kernels.flce import vocab as flce_vocab
 
     hidden, weight, target = _llama_head("peaked", bt=1024, h=1024, v=32000)
     h64, w64 = _leaf(hidden, torch.float64), weight.double()
@@ -632,8 +632,8 @@ def _median_ms(fn, reps: int = 10) -> float:
 
 def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     """The Triton path refuses out-of-range labels (no out-of-bounds read), and the label check (one aminmax and
-    one host read per call, kernels/labels.py) costs < 2% of an FLCE forward+backward at BT 4096, V 128256."""
-    from liger_registry.kernels import flce_loop
+    one host read per call, kernels/ce/labels.py) costs < 2% of an FLCE forward+backward at BT 4096, V 128256."""
+    from liger_registry.kernels.flce import api as flce_api
 
     monkeypatch.setenv(K.ENV_VAR, "triton")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -659,7 +659,7 @@ def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     checked, unchecked = [], []
     for _ in range(7):  # interleaved, so clock and thermal drift hit both sides alike
         checked.append(_median_ms(step, reps=5))
-        monkeypatch.setattr(flce_loop, "start_label_check", no_check)
+        monkeypatch.setattr(flce_api, "start_label_check", no_check)
         unchecked.append(_median_ms(step, reps=5))
         monkeypatch.undo()
         monkeypatch.setenv(K.ENV_VAR, "triton")
@@ -674,8 +674,8 @@ def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
     """The vocab strategy with chunks in dW's not yet written memory (Llama-3 head, C=1), every chunk kept for pass
     2 (N <= H, the default there: 6 chunks at 2048 tokens, 33 at 4096) and only pass 1's last one: the same loss
     and gradients as the plain geometry (budget-buffer chunks only), and no higher peak."""
-    from liger_registry.kernels import flce_vocab
-    from liger_registry.kernels.flce_vocab_geometry import plain_geometry, vocab_geometry
+    from liger_registry.kernels.flce import vocab as flce_vocab
+    from liger_registry.kernels.flce.vocab_geometry import plain_geometry, vocab_geometry
 
     hidden, weight, target = _llama_head("random", bt)
     layouts = {

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from liger_registry.kernels.scale_unless_one import _scale_unless_one_kernel, scale_unless_one_
+from liger_registry.kernels.loss_grads import _scale_unless_one_kernel, scale_unless_one_
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

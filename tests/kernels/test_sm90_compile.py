@@ -6,10 +6,12 @@ import torch
 from sm90_compile import compile_for_sm90, distinct, record_launches
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu, triton_flce_vocab, triton_row_stats, triton_utils
+from liger_registry.kernels import glu, triton_utils
+from liger_registry.kernels.ce import triton_row_stats
+from liger_registry.kernels.flce import triton_vocab as triton_flce_vocab
+from liger_registry.kernels.loss_grads import BLOCK, _scale_unless_one_kernel
 from liger_registry.kernels.norm import add_rms_norm
 from liger_registry.kernels.rope import rope_variant
-from liger_registry.kernels.scale_unless_one import BLOCK, _scale_unless_one_kernel
 
 pytestmark = pytest.mark.skipif(
     not triton_utils.INTERPRET_AT_IMPORT,

@@ -6,22 +6,19 @@ import torch.nn.functional as F
 from kernel_refs import ce_reference, flce_reference
 
 from liger_registry import kernels as K
-from liger_registry.kernels import (
-    ce_torch,
-    flce_planner,
-    triton_row_stats,
-    triton_utils,
-)
-from liger_registry.kernels import flce_vocab_rows as vr
-from liger_registry.kernels.flce_options import FlceOptions
-from liger_registry.kernels.flce_target import target_logits_torch
+from liger_registry.kernels import triton_utils
+from liger_registry.kernels.ce import torch_rows as ce_torch
+from liger_registry.kernels.ce import triton_row_stats
+from liger_registry.kernels.ce.triton_rows import ce_rows_triton
+from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import vocab_rows as vr
+from liger_registry.kernels.flce.options import FlceOptions
+from liger_registry.kernels.flce.target import target_logits_torch, target_logits_triton
+from liger_registry.kernels.flce.triton_vocab import grad_inplace_triton, stats_update_triton
 from liger_registry.kernels.glu import torch_math as glu_math
 from liger_registry.kernels.norm import torch_math as norm_math
 from liger_registry.kernels.norm import triton_kernels as norm_kernels
 from liger_registry.kernels.rope import rope_torch
-from liger_registry.kernels.triton_ce import ce_rows_triton
-from liger_registry.kernels.triton_flce_target import target_logits_triton
-from liger_registry.kernels.triton_flce_vocab import grad_inplace_triton, stats_update_triton
 
 STRATEGIES = ["tokens", "vocab"]
 
@@ -471,7 +468,7 @@ def test_ce_rows_stats_lse_and_first_argmax(n_cols, mode, monkeypatch):
 @pytest.mark.parametrize("mode", STATS_MODES)
 def test_vocab_stats_across_chunks_first_argmax(mode, monkeypatch):
     """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
-    from liger_registry.kernels import triton_flce_vocab
+    from liger_registry.kernels.flce import triton_vocab as triton_flce_vocab
 
     monkeypatch.setitem(triton_row_stats.ROW_STATS, "vocab_stats", (mode, 16))
     triton_flce_vocab._flags.cache_clear()

@@ -23,7 +23,7 @@ the first chunk ``[0, w0)`` (``w0`` the budget buffer's width) stays in the buff
 ``[s, e)`` lies in dW's storage right after the logits of the columns before it, at ``N (s - w0)``, which ends
 below its own dW rows when ``N (e - w0) <= s H``: widths grow by ``H / N`` per chunk. Pass 2 (descending) writes
 each chunk's dW rows above the logits still to be read. At N = H the widths stop growing (~V / w0 chunks). The
-caller chooses it by the cost model (``keep``, :func:`flce_cost.keeps_every_chunk`); on the H200 (session 6) it
+caller chooses it by the cost model (``keep``, :func:`cost.keeps_every_chunk`); on the H200 (session 6) it
 ran 0.90-0.92x the time of the geometry above at 2-4k tokens on the Llama-3, Qwen3 and GPT-OSS heads, 33 chunks
 at N = H included. It is built up to KEPT_MAX_CHUNKS chunks.
 

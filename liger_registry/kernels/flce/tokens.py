@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from .ce_rows import ce_rows_for, row_scales
-from .flce_run import FlceRun
-from .flce_target import needs_exact_target, target_logits
-from .flce_token_scaling import chunk_target_probs, with_row_factor
+from ..ce.triton_rows import ce_rows_for, row_scales
+from .run import FlceRun
+from .target import chunk_target_probs, needs_exact_target, target_logits, with_row_factor
 
 
 def _addmm_dw(dw: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
@@ -34,7 +33,7 @@ def token_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     """One pass over token chunks of ``run.chunk`` rows. Returns ``(ce, z, argmax, dh, dw, db)`` where ``ce``/``z``
     are per-row fp32 (reduction ``none``) or unscaled fp32 sums (``z`` None without z-loss), ``argmax`` [N] or None.
 
-    16-bit logits: the loss takes each row's exact fp32 target logit (``flce_target``). One logits buffer is
+    16-bit logits: the loss takes each row's exact fp32 target logit (``target``). One logits buffer is
     reused for every chunk; the row kernel overwrites it with the logits gradient (scaling
     fused in), dX chunks are written straight into the output and dW is accumulated by ``addmm``.
     """

@@ -128,7 +128,7 @@ def ce_rows_torch(
 ):
     """Loss rows of a logits chunk; with ``compute_grad`` the chunk is overwritten with d loss / d raw logits.
 
-    ``target_logit`` (fp32 [N], ``flce_target``): the exact transformed target logit, used instead of the chunk's
+    ``target_logit`` (fp32 [N], ``target``): the exact transformed target logit, used instead of the chunk's
     (rounded) one in the loss and in the row's lse.
 
     ``buf`` holds raw logits ``hidden @ W.T + b`` (any float dtype); the gradient of the ce term is scaled by

@@ -19,9 +19,9 @@ a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). 
   with an fp32 output plus the fp32 accumulator's read and write (2 BT H 4); dW GEMM [w, H] <- [w, BT] [BT, H]
   written once. Its GEMMs at ``VOCAB_GEMM_EFFICIENCY`` of ``F`` (no unaligned factor), ``VOCAB_PASS_OVERHEAD_S``
   per chunk and pass.
-  With a weight gradient the chunks are those of :func:`flce_vocab_geometry.vocab_geometry` (the widest in
+  With a weight gradient the chunks are those of :func:`vocab_geometry.vocab_geometry` (the widest in
   dW's not yet written memory: few, wide chunks, pass 1's last and widest one reused).
-* both: the exact fp32 target logit (``flce_target``), one read of BT hidden and BT weight rows.
+* both: the exact fp32 target logit (``target``), one read of BT hidden and BT weight rows.
 
 Tokens calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table):
 Llama-3 (H=4096 V=128256) tokens at BT 2048 / 4096 / 8192 / 16384: 46.7 / 47.6 / 54.2 / 92.6 ms predicted vs
@@ -42,7 +42,7 @@ from functools import lru_cache
 
 import torch
 
-from .flce_vocab_geometry import vocab_geometry
+from .vocab_geometry import vocab_geometry
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def tokens_ms(
 
 
 def target_logit_ms(bt: int, h: int, itemsize: int, peaks: DevicePeaks) -> float:
-    """The exact fp32 target logit of both strategies (``flce_target``): one read of the hidden rows and of their
+    """The exact fp32 target logit of both strategies (``target``): one read of the hidden rows and of their
     targets' weight rows."""
     return 2 * bt * h * itemsize / peaks.copy_bw * 1e3
 
@@ -179,7 +179,7 @@ def vocab_ms(
     keep: bool = True,
 ) -> float:
     """Predicted ms of the vocabulary strategy (forward + backward w.r.t. hidden and weight) in the chunks of
-    :func:`flce_vocab_geometry.vocab_geometry` (a budget buffer of ``chunk`` columns; ``scratch``: the widest
+    :func:`vocab_geometry.vocab_geometry` (a budget buffer of ``chunk`` columns; ``scratch``: the widest
     chunks in the weight gradient's memory), pass 2 reusing pass 1's last chunk (``keep``: every chunk where
     ``N <= H``)."""
     if bt <= 0 or chunk <= 0:
@@ -215,7 +215,7 @@ def keeps_every_chunk(
     bt: int, h: int, v: int, chunk: int, itemsize: int, peaks: DevicePeaks, multiple: int = 128
 ) -> bool:
     """Whether the vocabulary strategy lays its chunks out with every chunk's logits kept for pass 2
-    (:func:`flce_vocab_geometry.kept_geometry`, ``N <= H``): where that layout applies, when it is predicted
+    (:func:`vocab_geometry.kept_geometry`, ``N <= H``): where that layout applies, when it is predicted
     faster than keeping pass 1's last chunk only. It saves logits GEMMs but needs more chunks as N nears H (the
     widths grow by H / N): on the H200 (session 6) 33 chunks at N = H still ran 0.91-0.92x the other layout."""
     ms = (vocab_ms(bt, h, v, chunk, itemsize, peaks, True, multiple, keep=k) for k in (True, False))

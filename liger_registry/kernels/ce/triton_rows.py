@@ -1,14 +1,18 @@
-"""Triton cross-entropy rows kernel: loss, lse, argmax and (in place) the gradient of a logits chunk."""
+"""The cross-entropy rows kernel of each backend: Triton's (loss, lse, argmax and the gradient of a logits chunk in
+one launch) and the choice between it and ``torch_rows.ce_rows_torch``."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import triton
 import triton.language as tl
 
-from . import triton_utils as tu
-from .triton_row_stats import row_stats, row_stats_config
-from .triton_utils import tanh
+from .. import triton_utils as tu
+from ..triton_utils import tanh
+from .torch_rows import ce_rows_torch
+from .triton_row_stats import grad_row, row_stats, row_stats_config
 
 
 @triton.jit
@@ -106,24 +110,23 @@ def _ce_rows_kernel(
         a_s = a * ce_s * rg
         y32 = y.to(tl.int32)
         sm = eps / n_cols * ce_s * rg
-        for start in range(0, n_cols, BLOCK):
-            cols = start + offs
-            mask = cols < n_cols
-            z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
-            if HAS_SOFTCAP:
-                t = tanh(z / softcap)
-                z = softcap * t
-            g = tl.exp(z - lse) * coef
-            g = tl.where(cols == y32, g - a_s, g)
-            if HAS_SMOOTH:
-                if HAS_WEIGHT:
-                    g -= sm * tl.load(CW + cols, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    g -= sm
-            if HAS_SOFTCAP:
-                g = g * (1.0 - t * t)
-            g = g * logit_scale
-            tl.store(g_ptr + cols, g.to(G.dtype.element_ty), mask=mask)
+        grad_row(
+            x_ptr,
+            g_ptr,
+            CW,
+            n_cols,
+            y32,
+            lse,
+            coef,
+            a_s,
+            sm,
+            softcap,
+            logit_scale,
+            HAS_SOFTCAP,
+            HAS_WEIGHT,
+            HAS_SMOOTH,
+            BLOCK,
+        )
 
 
 def make_scales(ce_grad_scale, z_grad_scale, class_weights, device):
@@ -161,7 +164,7 @@ def ce_rows_triton(
     grad_out: torch.Tensor | None = None,
     target_logit: torch.Tensor | None = None,
 ):
-    """Same contract as :func:`ce_torch.ce_rows_torch`; ``buf`` must have unit column stride.
+    """Same contract as :func:`torch_rows.ce_rows_torch`; ``buf`` must have unit column stride.
 
     ``scales`` (fp32 [3], from :func:`make_scales`) and ``out`` (ce, z, argmax row buffers) let a caller that
     loops over chunks avoid small per-chunk allocations; ``grad_out`` receives the gradient instead of ``buf``.
@@ -223,3 +226,15 @@ def ce_rows_triton(
         num_warps=tu.warps_for(block),
     )
     return ce, zl, am
+
+
+def ce_rows_for(backend: str) -> Callable:
+    """The row kernel for an already decided backend (``"triton"`` or ``"torch"``)."""
+    return ce_rows_triton if backend == "triton" else ce_rows_torch
+
+
+def row_scales(backend: str, ce_scale, z_scale, class_weights, device) -> dict:
+    """Extra keyword of the Triton row kernel: its gradient scales packed once per call, not once per chunk."""
+    if backend != "triton":
+        return {}
+    return {"scales": make_scales(ce_scale, z_scale, class_weights, device)}

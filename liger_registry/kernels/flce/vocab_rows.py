@@ -1,8 +1,8 @@
 """Row math of the FLCE vocabulary strategy: running row statistics over vocabulary chunks, per-row loss and
-gradient coefficients, and the in-place gradient of a chunk (PyTorch; ``triton_flce_vocab`` has the kernels).
+gradient coefficients, and the in-place gradient of a chunk (PyTorch; ``triton_vocab`` has the kernels).
 
 Logits ``z = softcap(raw * logit_scale)``; ``lse = m + log(d)`` from the running max ``m`` and sum-exp ``d``.
-The gradient of a chunk column ``j`` of row ``i`` is the token strategy's (``ce_torch.ce_rows_torch``):
+The gradient of a chunk column ``j`` of row ``i`` is the token strategy's (``ce.torch_rows.ce_rows_torch``):
 ``(exp(z - lse) * coef - [j == y] * a_s - sm * w_j) * (1 - tanh^2) * logit_scale`` with the per-row
 ``coef``, ``a_s``, ``sm`` of :func:`row_losses` (zero on ignored rows, so their gradient is exactly 0).
 """
@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from .ce_torch import transform_logits
-from .flce_target import corrected_lse
+from ..ce.torch_rows import transform_logits
+from .target import corrected_lse
 
 
 class RowState(NamedTuple):
@@ -75,7 +75,7 @@ def row_losses(
     state: RowState, target, v: int, *, opts, class_weights, ce_scale, z_scale, row_grad, zy_exact=None
 ):
     """Per-row ``(ce, z_loss)`` (0 on ignored rows) and the gradient factors :class:`RowCoefs`; ``zy_exact``
-    (fp32 [N], ``flce_target``) replaces the chunks' rounded target logit, in the loss and in the row's lse."""
+    (fp32 [N], ``target``) replaces the chunks' rounded target logit, in the loss and in the row's lse."""
     valid = target != opts.ignore_index
     safe = torch.where(valid, target, torch.zeros_like(target))
     lse = state.m + torch.log(state.d)

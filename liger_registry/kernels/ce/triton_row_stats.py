@@ -1,14 +1,14 @@
-"""A row's softmax statistics in one pass over its columns: max, sum of exp(z - max), smoothing sum, argmax.
+"""The Triton passes over one cross-entropy row that CE and FLCE share: the softmax statistics (max, sum of
+exp(z - max), smoothing sum, argmax) in one pass over its columns, and the gradient pass (``grad_row``).
 
-Two ways to run the pass, chosen by the caller's constexpr ``LANES``:
+Two ways to run the statistics pass, chosen by the caller's constexpr ``LANES``:
 
 * blocks: one running (max, sum) per row, merged with each column block by two block-wide reductions.
 * lanes: a running (max, sum) per lane (``lse_lanes_update``), reduced once at the end: no
   reductions in the loop, but three live vectors per thread, so it needs a smaller block to stay in registers.
 
-Which is faster depends on the kernel and its shapes (H200 run 13: the vocab strategy's statistics kernel runs
-twice as fast with lanes, the CE rows kernel best with blocks of 8192); ``ROW_STATS`` holds the choice per kernel
-and its block caps.
+Which is faster depends on the kernel and its shapes (``benchmarks/probe_row_stats.py`` measures them; the figures
+are in benchmarks/NOTES.md); ``ROW_STATS`` holds the choice per kernel and its block caps.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import triton_utils as tu
-from .triton_utils import tanh
+from .. import triton_utils as tu
+from ..triton_utils import tanh
 
-# How the row kernels run their statistics pass (``row_stats``): per-lane state ("lanes") or
-# block reductions ("blocks"), and the largest column block. Lanes keep three live vectors per thread (32768
-# spills). H200 run 13 (benchmarks/probe_row_stats.py, ms): the vocab statistics kernel on 8192 x 42752 lanes
-# 2048 0.228 vs blocks 32768 (the old pass) 0.451; the CE rows kernel on a GPT-OSS token chunk 1280 x 201088
-# blocks 8192 0.436 vs lanes 2048 0.464 vs blocks 32768 0.483, and on 4096 x 128256 0.826 / 0.804 / 0.793.
+# How the row kernels run their statistics pass (``row_stats``): per-lane state ("lanes") or block reductions
+# ("blocks"), and the largest column block. Lanes keep three live vectors per thread (32768 spills).
 ROW_STATS = {"ce_rows": ("blocks", 8192), "vocab_stats": ("lanes", 2048)}
 
 
@@ -144,3 +141,44 @@ def row_stats(
             if HAS_SMOOTH:
                 sz += tl.sum(_smooth_terms(z, mask, cw_ptr, cols, HAS_WEIGHT), 0)
     return m, d, sz, best, best_i
+
+
+@triton.jit
+def grad_row(
+    x_ptr,
+    g_ptr,
+    cw_ptr,
+    n_cols,
+    target_col,
+    lse,
+    coef,
+    a_s,
+    sm,
+    softcap,
+    logit_scale,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Writes to ``g_ptr`` the gradient of the row at ``x_ptr``: ``(softmax(z) * coef - a_s [at target_col] -
+    sm * class weight) * dz/dx`` with z = softcap(x * logit_scale); ``cw_ptr``: the class weights of its columns."""
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + offs
+        mask = cols < n_cols
+        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+        if HAS_SOFTCAP:
+            t = tanh(z / softcap)
+            z = softcap * t
+        g = tl.exp(z - lse) * coef
+        g = tl.where(cols == target_col, g - a_s, g)
+        if HAS_SMOOTH:
+            if HAS_WEIGHT:
+                g -= sm * tl.load(cw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            else:
+                g -= sm
+        if HAS_SOFTCAP:
+            g = g * (1.0 - t * t)
+        g = g * logit_scale
+        tl.store(g_ptr + cols, g.to(g_ptr.dtype.element_ty), mask=mask)

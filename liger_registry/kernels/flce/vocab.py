@@ -1,9 +1,9 @@
 """FLCE vocabulary strategy: chunks of vocabulary columns, all rows at once, one reused logits buffer [N, Vc].
 
-Chunks and where their logits live: :mod:`flce_vocab_geometry` (the widest in dW's not yet written memory).
+Chunks and where their logits live: :mod:`vocab_geometry` (the widest in dW's not yet written memory).
 Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the chunk's logits), the
 row-statistics kernel folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
-(16-bit logits: with the exact fp32 target logit of ``flce_target``) and gradient factors. Pass 2 (only when a
+(16-bit logits: with the exact fp32 target logit of ``target``) and gradient factors. Pass 2 (only when a
 gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last chunk's, still
 there), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
 ``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
@@ -18,13 +18,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import flce_cost, flce_planner
-from .flce_run import FlceRun
-from .flce_target import needs_exact_target, target_logits
-from .flce_token_scaling import target_probs_from_lse
-from .flce_vocab_geometry import vocab_geometry
-from .flce_vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
-from .triton_flce_vocab import grad_inplace_triton, stats_update_triton
+from . import cost, planner
+from .run import FlceRun
+from .target import needs_exact_target, target_logits, target_probs_from_lse
+from .triton_vocab import grad_inplace_triton, stats_update_triton
+from .vocab_geometry import vocab_geometry
+from .vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
 
 ROW_KERNELS = {
     "torch": (stats_update_torch, grad_inplace_torch),
@@ -93,14 +92,14 @@ def _logits(hidden, c: _Chunk) -> torch.Tensor:
 
 
 def _keep(hidden: torch.Tensor, v: int, chunk: int, multiple: int) -> bool:
-    """The planner's layout choice (:func:`flce_cost.keeps_every_chunk`) on this call's device."""
-    peaks = flce_cost.peaks_of(hidden.device)
-    return flce_cost.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
+    """The planner's layout choice (:func:`cost.keeps_every_chunk`) on this call's device."""
+    peaks = cost.peaks_of(hidden.device)
+    return cost.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
 
 
 def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
-    """Same contract as :func:`flce_tokens.token_loop`, chunked over vocabulary columns as
-    :func:`flce_vocab_geometry.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
+    """Same contract as :func:`tokens.token_loop`, chunked over vocabulary columns as
+    :func:`vocab_geometry.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
     opts = run.options
     n, h = hidden.shape
     v = weight.shape[0]
@@ -110,9 +109,9 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     target = target.contiguous()
     cw = None if class_weights is None else class_weights.contiguous()
     kw = {"opts": opts, "class_weights": cw}
-    # dW rows are written once, in pass 2: until then their memory holds logits (see flce_vocab_geometry)
+    # dW rows are written once, in pass 2: until then their memory holds logits (see vocab_geometry)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=hidden.device) if need[1] else None
-    multiple = min(flce_planner.COL_MULTIPLE, flce_planner.VOCAB_ALIGN)
+    multiple = min(planner.COL_MULTIPLE, planner.VOCAB_ALIGN)
     geometry = vocab_geometry(
         n, h, v, run.chunk, dw is not None, multiple, _keep(hidden, v, run.chunk, multiple)
     )

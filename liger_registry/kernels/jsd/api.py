@@ -12,15 +12,51 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
 from liger_registry.constants import IGNORE_INDEX
 
-from .custom_ops_loss import fljsd_forward
-from .flce_options import check_chunk_mem_const
-from .jsd_loop import jsd_rows_differentiable
-from .op import Op, register
+from ..define import define_op
+from ..flce.options import check_chunk_mem_const
+from ..op import Op, register
+from .loop import fljsd_compute
 
-__all__ = ["FusedLinearJSDFunction", "JsdRun", "fused_linear_jsd", "jsd_rows_differentiable"]
+
+def _fljsd_forward_impl(
+    sh: Tensor,
+    sw: Tensor,
+    th: Tensor,
+    tw: Tensor,
+    target: Tensor | None,
+    beta: float,
+    temperature: float,
+    ignore_index: int,
+    chunk_mem_const: int,
+    need_dh: bool,
+    need_dw: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss, d loss / d student hidden, d loss / d student weight): :func:`loop.fljsd_compute`, absent
+    gradients as empty tensors; every output fresh and contiguous."""
+    loss, dh, dw = fljsd_compute(
+        sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend
+    )
+    return loss, sh.new_empty(0) if dh is None else dh, sh.new_empty(0) if dw is None else dw
+
+
+def _fljsd_forward_fake(
+    sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend
+):
+    return (
+        sh.new_empty((), dtype=torch.float32),
+        torch.empty_like(sh, memory_format=torch.contiguous_format) if need_dh else sh.new_empty(0),
+        torch.empty_like(sw, memory_format=torch.contiguous_format) if need_dw else sh.new_empty(0),
+    )
+
+
+# explicit fake: the chunk loop's Python arithmetic on N would specialise a dynamic N; the autograd is
+# FusedLinearJSDFunction's (public), so the op defines none
+FLJSD_FORWARD = define_op("fljsd_forward", _fljsd_forward_impl, fake=_fljsd_forward_fake)
 
 
 class JsdRun(NamedTuple):
@@ -41,7 +77,7 @@ class FusedLinearJSDFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sh, sw, th, tw, target, run: JsdRun):
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        loss, dh, dw = fljsd_forward(sh, sw, th, tw, target, *run[:4], need_dh, need_dw, run.backend)
+        loss, dh, dw = FLJSD_FORWARD(sh, sw, th, tw, target, *run[:4], need_dh, need_dw, run.backend)
         ctx.flags = (need_dh, need_dw)
         ctx.save_for_backward(dh, dw)
         return loss

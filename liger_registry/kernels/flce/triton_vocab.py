@@ -1,6 +1,6 @@
 """Triton kernels of the FLCE vocabulary strategy: row statistics of a vocabulary chunk, and its in-place gradient.
 
-Same contracts as ``flce_vocab_rows.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
+Same contracts as ``vocab_rows.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
 """
 
 from __future__ import annotations
@@ -11,18 +11,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_utils as tu
-from .flce_vocab_rows import RowCoefs, RowState
-from .triton_row_stats import row_stats, row_stats_config
-from .triton_utils import tanh
-
-
-@triton.jit
-def _logits(x_ptr, cols, mask, softcap, logit_scale, HAS_SOFTCAP: tl.constexpr):
-    z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
-    if HAS_SOFTCAP:
-        z = softcap * tanh(z / softcap)
-    return z
+from .. import triton_utils as tu
+from ..ce.triton_row_stats import grad_row, row_stats, row_stats_config
+from ..triton_utils import tanh
+from .vocab_rows import RowCoefs, RowState
 
 
 @triton.jit
@@ -107,30 +99,24 @@ def _grad_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     x_ptr = X + row * stride_x
-    offs = tl.arange(0, BLOCK)
-    lse = tl.load(LSE + row)
-    coef = tl.load(COEF + row)
-    a_s = tl.load(A_S + row)
-    sm = tl.load(SM + row)
     local = tl.load(Y + row) - col0
-    for start in range(0, n_cols, BLOCK):
-        cols = start + offs
-        mask = cols < n_cols
-        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
-        if HAS_SOFTCAP:
-            t = tanh(z / softcap)
-            z = softcap * t
-        g = tl.exp(z - lse) * coef
-        g = tl.where(cols == local, g - a_s, g)
-        if HAS_SMOOTH:
-            if HAS_WEIGHT:
-                g -= sm * tl.load(CW + col0 + cols, mask=mask, other=0.0).to(tl.float32)
-            else:
-                g -= sm
-        if HAS_SOFTCAP:
-            g = g * (1.0 - t * t)
-        g = g * logit_scale
-        tl.store(x_ptr + cols, g.to(X.dtype.element_ty), mask=mask)
+    grad_row(
+        x_ptr,
+        x_ptr,
+        CW + col0,
+        n_cols,
+        local,
+        tl.load(LSE + row),
+        tl.load(COEF + row),
+        tl.load(A_S + row),
+        tl.load(SM + row),
+        softcap,
+        logit_scale,
+        HAS_SOFTCAP,
+        HAS_WEIGHT,
+        HAS_SMOOTH,
+        BLOCK,
+    )
 
 
 @functools.cache

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .flce_options import FlceOptions
+from .options import FlceOptions
 
 # the fields of FlceOptions the computation reads (the budget knobs and the strategy live on in the plan)
 LOSS_FIELDS = (

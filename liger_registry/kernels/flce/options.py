@@ -10,7 +10,7 @@ import torch
 from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB, check_ignore_index, check_logit_factor
 
-from .ce_torch import check_ce_options
+from ..ce.torch_rows import check_ce_options
 
 STRATEGIES = ("auto", "tokens", "vocab")
 

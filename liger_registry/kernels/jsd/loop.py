@@ -1,11 +1,11 @@
-"""Fused linear JSD: the chunk loop over tokens and the PyTorch row formulas (see ``jsd`` for the definition)."""
+"""Fused linear JSD: the chunk loop over tokens and the PyTorch row formulas (see ``api`` for the definition)."""
 
 from __future__ import annotations
 
 import torch
 
-from .flce_planner import flce_chunk_geometry
-from .triton_jsd import jsd_rows_triton
+from ..flce.planner import flce_chunk_geometry
+from .triton_rows import jsd_rows_triton
 
 
 def jsd_rows_differentiable(s_logits, t_logits, beta: float, temperature: float) -> torch.Tensor:

@@ -8,10 +8,10 @@ from functools import lru_cache
 
 import torch
 
-from . import flce_cost
-from .flce_cost import DevicePeaks, device_peaks, known_peaks, peaks_of, tokens_ms, vocab_ms
-from .flce_options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
-from .flce_vocab_geometry import vocab_geometry
+from . import cost
+from .cost import DevicePeaks, device_peaks, known_peaks, peaks_of, tokens_ms, vocab_ms
+from .options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
+from .vocab_geometry import vocab_geometry
 
 MIB = 1 << 20
 
@@ -50,9 +50,9 @@ class FlcePlan:
     """How one FLCE call is chunked. ``tokens``: ``num_chunks`` chunks of ``chunk_tokens`` rows (all ``chunk_vocab``
     = V columns); ``vocab``: all ``chunk_tokens`` = BT rows, ``num_chunks`` chunks of ``chunk_vocab`` columns.
     ``buffer_mib`` is the logits buffer, ``budget_mib`` its bound; ``why`` says why this strategy;
-    ``predicted_ms`` the cost model's figure of the chosen strategy on ``device`` (see ``flce_cost``).
+    ``predicted_ms`` the cost model's figure of the chosen strategy on ``device`` (see ``cost``).
     Vocab with a weight gradient (``scratch``): ``pass1_chunks`` chunks in pass 1 and ``num_chunks`` in pass 2,
-    the ``widest`` of them in the weight gradient's not yet written memory (:mod:`flce_vocab_geometry`), the
+    the ``widest`` of them in the weight gradient's not yet written memory (:mod:`vocab_geometry`), the
     rest in the buffer of ``chunk_vocab`` columns; pass 2 computes the logits of ``recomputed`` columns again (0:
     every chunk kept from pass 1)."""
 
@@ -157,9 +157,7 @@ def _plan(
     t_ms = tokens_ms(bt, h, v, rows, itemsize, peaks) if rows is not None else None
     multiple = min(COL_MULTIPLE, align)
     keep = (
-        cols is not None
-        and weight_grad
-        and flce_cost.keeps_every_chunk(bt, h, v, cols, itemsize, peaks, multiple)
+        cols is not None and weight_grad and cost.keeps_every_chunk(bt, h, v, cols, itemsize, peaks, multiple)
     )
     v_ms = (
         vocab_ms(bt, h, v, cols, itemsize, peaks, weight_grad, multiple, keep) if cols is not None else None
@@ -255,7 +253,7 @@ def flce_plan(
     buffer ``chunk_tokens(C) * V * itemsize`` of :func:`flce_chunk_geometry`; no strategy exceeds it.
     ``tokens`` with a chunk_mem_const budget is today's geometry exactly; with a MiB budget the largest multiple
     of 128 rows that fits. ``vocab``: all rows, V in the fewest even chunks (widths a multiple of 8, at least 128
-    columns) that fit (infeasible -> tokens, said in ``why``). ``auto`` takes the cheaper by :mod:`flce_cost` on ``gpu`` (a CUDA device name;
+    columns) that fit (infeasible -> tokens, said in ``why``). ``auto`` takes the cheaper by :mod:`cost` on ``gpu`` (a CUDA device name;
     default: the current CUDA device, or the table's default row without CUDA). ``weight_grad``: the weight
     gradient is computed (its memory holds the vocab strategy's widest chunks until written; False: a frozen
     head, budget-buffer chunks only).

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_utils as tu
+from .. import triton_utils as tu
 
 
 @triton.jit
