@@ -20,7 +20,7 @@ from .ce_rows import ce_rows_for
 from .cross_entropy import reduce_ce
 from .custom_ops import NS, _call, _eager_function
 from .flce_loop import flce_compute
-from .flce_run import FlceRun
+from .flce_run import FlceRun, takes_flat_run
 from .jsd_loop import fljsd_compute
 from .labels import start_label_check
 from .scale_unless_one import scale_unless_one_
@@ -236,6 +236,7 @@ def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
 
 
 @torch.library.custom_op(f"{NS}::flce_forward", mutates_args=())
+@takes_flat_run
 def flce_forward(
     hidden: Tensor,
     weight: Tensor,
@@ -246,35 +247,11 @@ def flce_forward(
     need_dh: bool,
     need_dw: bool,
     need_db: bool,
-    ignore_index: int,
-    label_smoothing: float,
-    softcap: float | None,
-    logit_scale: float,
-    lse_square_scale: float,
-    reduction: str,
-    accum_dtype: torch.dtype | None,
-    use_token_scaling: bool,
-    strategy: str,
-    chunk: int,
-    backend: str,
-    argmax_mode: int,
+    *flat_run,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`flce_loop.flce_compute` with the :class:`FlceRun` flattened (``FlceRun.flat``); absent gradients
     are empty tensors. (loss, z_loss, n_correct, argmax, dh, dw, db)."""
-    run = FlceRun.from_flat(
-        ignore_index,
-        label_smoothing,
-        softcap,
-        logit_scale,
-        lse_square_scale,
-        reduction,
-        accum_dtype,
-        use_token_scaling,
-        strategy,
-        chunk,
-        backend,
-        argmax_mode,
-    )
+    run = FlceRun.from_flat(*flat_run)
     loss, z, n_correct, argmax, dh, dw, db = flce_compute(
         hidden, weight, target, bias, class_weights, row_grad, run, (need_dh, need_dw, need_db)
     )

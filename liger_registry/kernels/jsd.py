@@ -14,9 +14,9 @@ from typing import NamedTuple
 import torch
 
 from liger_registry.constants import IGNORE_INDEX
+from liger_registry.limits import check_chunk_mem_const
 
 from .custom_ops_loss import fljsd_forward
-from .flce_options import check_chunk_mem_const
 from .jsd_loop import jsd_rows_differentiable
 from .op import Op, register
 

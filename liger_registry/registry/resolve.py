@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from liger_registry.limits import BUDGET_KNOBS, budget_knob
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.family_switches import lacks, switch_off_note, switch_on_problem
 from liger_registry.registry.loader import (
@@ -18,7 +19,7 @@ from liger_registry.registry.loader import (
     load_policy,
 )
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
-from liger_registry.schemas.family import BUDGET_KNOBS, KNOB_SECTIONS
+from liger_registry.schemas.family import KNOB_SECTIONS
 from liger_registry.schemas.overrides import SWITCHES
 
 LAYERS = {
@@ -95,10 +96,11 @@ BUDGET = tuple(f"flce.{knob}" for knob in BUDGET_KNOBS)
 
 def _budget(values: dict, provenance: dict, updates: dict[str, Any], source: Source) -> list[str]:
     """The one-budget-knob rule: a layer that sets chunk_mem_const or max_chunk_mib clears the other."""
-    setting = [knob for knob in BUDGET if updates.get(knob) is not None]
-    if len(setting) > 1:
+    try:
+        setting = budget_knob(*(updates.get(knob) for knob in BUDGET))
+    except ValueError:
         return [f"{source}: sets both {' and '.join(BUDGET)}: they are one budget knob, set one"]
-    for other in (k for k in BUDGET if setting and k != setting[0]):
+    for other in (k for k in BUDGET if setting and k != f"flce.{setting}"):
         values[other], provenance[other] = None, source
     return []
 
