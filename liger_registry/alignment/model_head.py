@@ -8,7 +8,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from liger_registry.forwards.head import head_parameters, logit_transform, text_config
+from liger_registry.attr_path import text_config
+from liger_registry.forwards.head import head_parameters, logit_transform
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.loader import Registry
 from liger_registry.schemas import FamilyEntry
