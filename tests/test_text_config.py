@@ -9,7 +9,11 @@ from liger_registry.registry.plan import language_config
 
 
 def _multimodal():
-    return LlavaConfig(text_config=LlamaConfig(vocab_size=96, hidden_size=16, num_attention_heads=2, num_key_value_heads=2).to_dict())
+    return LlavaConfig(
+        text_config=LlamaConfig(
+            vocab_size=96, hidden_size=16, num_attention_heads=2, num_key_value_heads=2
+        ).to_dict()
+    )
 
 
 def test_a_nested_text_config_is_found_without_an_attr():
