@@ -1,4 +1,5 @@
-"""A dotted attribute path (`ffn_config.moe_num_experts`): its syntax, and how it is read from an object."""
+"""A dotted attribute path (`ffn_config.moe_num_experts`): its syntax, how it is read from an object, and the
+one rule for the language model's config inside a model's config."""
 
 from __future__ import annotations
 
@@ -25,3 +26,11 @@ def read_path(obj: Any, path: str) -> Any:
         if obj is None:
             return None
     return obj
+
+
+def text_config(config: Any, attr: str | None) -> Any:
+    """The language model's config inside ``config``: the family's ``text_config_attr`` (``config`` itself when
+    absent), else transformers' ``get_text_config()`` (a text-only config is its own; a nested one is found)."""
+    if attr:
+        return getattr(config, attr, config)
+    return config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config

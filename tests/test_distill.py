@@ -56,3 +56,28 @@ def test_a_family_without_head_is_refused():
     model = tiny_model("qwen2_vl_text")
     with pytest.raises(ValueError, match="no causal-LM head"):
         distill.jsd_loss(model, model, tiny_batch(model))
+
+
+@pytest.mark.parametrize(
+    "family,config",
+    [
+        ("granite", {"logits_scaling": 4.0}),
+        ("cohere", {"logit_scale": 0.5}),
+        ("gemma2", {"final_logit_softcapping": 3.0}),
+    ],
+)
+def test_jsd_loss_applies_the_family_logit_transform(family, config):
+    """The model's own logits (softcapped, scaled) are the reference, as the alignment losses' model_head."""
+    student, teacher = tiny_model(family, seed=0, **config), tiny_model(family, seed=1, **config)
+    batch = tiny_batch(student)
+    loss = distill.jsd_loss(student, teacher, batch, jsd_beta=0.5, temperature=1.5)
+    loss.backward()
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        s_logits, t_logits = student(**inputs).logits, teacher(**inputs).logits
+    rows = _jsd_rows(
+        s_logits.reshape(-1, s_logits.shape[-1]), t_logits.reshape(-1, t_logits.shape[-1]), 0.5, 1.5
+    )
+    target = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[..., 1:].reshape(-1)
+    torch.testing.assert_close(loss.double(), rows[target != -100].mean(), rtol=1e-5, atol=1e-6)
+    assert student.lm_head.weight.grad is not None and teacher.lm_head.weight.grad is None

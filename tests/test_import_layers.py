@@ -11,12 +11,13 @@ ROOT = Path(liger_registry.__file__).parent
 
 # lowest first; a subpackage (or top-level module) may import only from earlier layers and from itself
 LAYERS = (
-    ("constants", "limits", "attr_path"),
+    ("constants", "attr_path"),
+    ("limits",),
     ("kernels", "schemas"),
     ("forwards", "modules"),
     ("registry",),
-    ("testing", "console", "environment", "usage", "integrations", "alignment", "distill", "compat"),
-    ("lint_parity", "lint_where"),
+    ("testing", "console", "environment", "usage", "integrations", "alignment", "compat"),
+    ("distill",),
     ("lint",),
     ("scaffold",),
     ("demo",),

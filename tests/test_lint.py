@@ -189,7 +189,7 @@ def test_lint_deep_catches_a_wrong_rope_layout_by_its_logits(tmp_path, monkeypat
 def test_parity_differences_flag_each_tensor_and_nan():
     import torch
 
-    from liger_registry.lint_parity import Run, differences
+    from liger_registry.lint.parity import Run, differences
 
     want = Run(torch.ones(2, 3), torch.tensor(1.0), {"w": torch.ones(3), "b": torch.zeros(1)})
     assert differences(Run(want.outputs + 1e-7, want.loss, dict(want.grads)), want, True) == []

@@ -8,9 +8,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from liger_registry.forwards.head import head_parameters, logit_transform, text_config
+from liger_registry.attr_path import text_config
+from liger_registry.forwards.head import head_parameters, logit_transform
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.loader import Registry
+from liger_registry.schemas import FamilyEntry
 
 
 class ModelHead(NamedTuple):
@@ -27,7 +29,11 @@ def model_head(model: Any, inputs: Mapping[str, Any], registry: Registry | None 
     """Runs the decoder of ``model`` (any wrapper: PEFT, DDP, torch.compile) on ``inputs`` (input_ids,
     attention_mask, ...; no labels) and returns what the fused head needs. A family the registry does not know,
     or a head that is not one linear projection (e.g. LoRA with dropout in training), is a ValueError."""
-    entry = configure(model, None, registry).entry
+    return head_of(model, configure(model, None, registry).entry, inputs)
+
+
+def head_of(model: Any, entry: FamilyEntry, inputs: Mapping[str, Any]) -> ModelHead:
+    """:func:`model_head` of a model whose family entry is already resolved (with its policies and overrides)."""
     head = entry.head
     if head is None:
         raise ValueError(f"family {entry.family!r} has no causal-LM head: there is nothing to fuse")

@@ -9,14 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from liger_registry import kernels
-from liger_registry.attr_path import read_path
+from liger_registry.attr_path import read_path, text_config
 from liger_registry.constants import IGNORE_INDEX
 from liger_registry.forwards.context import ForwardContext
 from liger_registry.forwards.head import (
     call_fused_head,
     logit_transform,
     postprocess_logits,
-    text_config,
     warn_unfusable,
 )
 from liger_registry.forwards.logits_loss import changes_the_loss, cross_entropy_loss, logits_loss

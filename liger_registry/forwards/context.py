@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-import torch
 from transformers import modeling_outputs
 
 from liger_registry.forwards.registry import get_forward
 from liger_registry.kernels import FlceOptions
-from liger_registry.schemas import FamilyEntry, FlceSpec
+from liger_registry.kernels.flce.options import layered_options
+from liger_registry.schemas import FamilyEntry
 
 _FALLBACK_OUTPUT = {"causal_lm": "CausalLMOutputWithPast", "causal_lm_moe": "MoeCausalLMOutputWithPast"}
 
@@ -36,7 +36,7 @@ class ForwardContext:
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)
         self.output_class = self._output_class()
-        self.flce_options = flce_options(self.entry.flce) if self.entry.flce.enabled else None
+        self.flce_options = layered_options(self.entry.flce.model_dump()) if self.entry.flce.enabled else None
         moe = get_forward(self.entry.forward).moe
         self.router_logits_from_config = moe and reads_router_logits_from_config(self.original)
 
@@ -88,19 +88,6 @@ def reads_router_logits_from_config(original: Callable) -> bool:
     except (OSError, TypeError):
         return True
     return "config.output_router_logits" in source
-
-
-def flce_options(flce: FlceSpec) -> FlceOptions:
-    """The kernel options a resolved flce section sets (the model's config and the call add the rest)."""
-    return FlceOptions(
-        chunk_mem_const=flce.chunk_mem_const,
-        max_chunk_mib=flce.max_chunk_mib,
-        strategy=flce.strategy,
-        lse_square_scale=flce.lse_square_scale,
-        label_smoothing=flce.label_smoothing,
-        accum_dtype=None if flce.accum_dtype is None else getattr(torch, flce.accum_dtype),
-        use_token_scaling=flce.use_token_scaling,
-    )
 
 
 def installed_signature(original: Callable) -> inspect.Signature:

@@ -128,10 +128,6 @@ def warn_unfusable(lm_head: nn.Module) -> None:
     )
 
 
-def text_config(config: Any, attr: str | None) -> Any:
-    return getattr(config, attr) if attr else config
-
-
 def logit_transform(
     config: Any, softcap_attr: str | None, scale_attr: str | None, multiplier_attr: str | None = None
 ) -> tuple[float | None, float]:

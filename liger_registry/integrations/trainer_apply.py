@@ -11,11 +11,11 @@ from liger_registry.integrations.liger_config import overrides_from_liger_kernel
 from liger_registry.registry.applier import PatchHandle, apply, patch_handle
 from liger_registry.registry.configure import configure, model_type_of, unwrap_model
 from liger_registry.registry.errors import PatchError, UnsupportedModelError
-from liger_registry.registry.resolve import ResolvedConfig
+from liger_registry.registry.resolve import Layer, ResolvedConfig
 from liger_registry.registry.trl_head import trl_fused_head
 from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS
 
-ASKED_LAYERS = (4, 5)  # a user policy, keyword overrides: what the caller names (resolve.LAYERS)
+ASKED_LAYERS = (Layer.USER_POLICY, Layer.OVERRIDE)  # what the caller names
 FLCE_ENABLED = OVERRIDE_PATHS["fused_linear_cross_entropy"]
 
 

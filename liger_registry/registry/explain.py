@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from liger_registry.attr_path import text_config
 from liger_registry.registry.configure import configure
 from liger_registry.registry.loader import Registry
 from liger_registry.registry.report import config_table, table
@@ -94,8 +95,7 @@ class Explanation:
         entry = self.config.entry
         config = self.model_config
         if config is not None:
-            attr = entry.head.text_config_attr if entry.head else None
-            config = getattr(config, attr) if attr else config.get_text_config()
+            config = text_config(config, entry.head.text_config_attr if entry.head else None)
         else:
             config = default_language_config(entry)
         hidden = config.hidden_size if self.hidden is None else self.hidden

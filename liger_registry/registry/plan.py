@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from liger_registry.attr_path import text_config
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
 from liger_registry.modules.module_attr import attr_label, has_attr
 from liger_registry.registry.errors import RegistryError
@@ -245,9 +246,7 @@ def language_config(config: Any, entry: FamilyEntry) -> Any:
     """The config of the language model: the head's text_config_attr, else transformers' get_text_config()."""
     if config is None:
         return None
-    if entry.head is not None and entry.head.text_config_attr:
-        return getattr(config, entry.head.text_config_attr, config)
-    return config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    return text_config(config, entry.head.text_config_attr if entry.head else None)
 
 
 def make_plan(resolved: ResolvedConfig, model: nn.Module | None) -> Plan:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from liger_registry.limits import BUDGET_KNOBS, budget_knob
 from liger_registry.registry.errors import RegistryError, suggest
 from liger_registry.registry.family_switches import lacks, switch_off_note, switch_on_problem
 from liger_registry.registry.loader import (
@@ -18,15 +20,29 @@ from liger_registry.registry.loader import (
     load_policy,
 )
 from liger_registry.schemas import OVERRIDE_PATHS, FamilyEntry, Overrides
-from liger_registry.schemas.family import BUDGET_KNOBS, KNOB_SECTIONS
+from liger_registry.schemas.family import KNOB_SECTIONS
 from liger_registry.schemas.overrides import SWITCHES
 
-LAYERS = {
-    1: "default (registry/defaults.yaml)",
-    2: "family",
-    3: "registry policy",
-    4: "user policy",
-    5: "override",
+
+class Layer(IntEnum):
+    """The layers of a family's configuration, lowest first: a higher one wins."""
+
+    DEFAULT = 1
+    FAMILY = 2
+    REGISTRY_POLICY = 3
+    USER_POLICY = 4
+    OVERRIDE = 5
+
+    def __str__(self) -> str:
+        return _LAYER_NAMES[self]
+
+
+_LAYER_NAMES = {
+    Layer.DEFAULT: "default (registry/defaults.yaml)",
+    Layer.FAMILY: "family",
+    Layer.REGISTRY_POLICY: "registry policy",
+    Layer.USER_POLICY: "user policy",
+    Layer.OVERRIDE: "override",
 }
 
 
@@ -34,7 +50,7 @@ LAYERS = {
 class Source:
     """Which layer set a knob; a policy's also says where the policy came from."""
 
-    layer: int
+    layer: Layer
     name: str
     path: Path | None = None
     origin: str | None = (
@@ -43,7 +59,11 @@ class Source:
 
     def __str__(self) -> str:
         where = f" ({self.path.name})" if self.path else ""
-        layer = f"{self.origin} policy" if self.layer == 3 and self.origin else LAYERS[self.layer]
+        layer = (
+            f"{self.origin} policy"
+            if self.layer is Layer.REGISTRY_POLICY and self.origin
+            else str(self.layer)
+        )
         return f"{layer} {self.name}{where}".strip()
 
 
@@ -95,10 +115,11 @@ BUDGET = tuple(f"flce.{knob}" for knob in BUDGET_KNOBS)
 
 def _budget(values: dict, provenance: dict, updates: dict[str, Any], source: Source) -> list[str]:
     """The one-budget-knob rule: a layer that sets chunk_mem_const or max_chunk_mib clears the other."""
-    setting = [knob for knob in BUDGET if updates.get(knob) is not None]
-    if len(setting) > 1:
+    try:
+        setting = budget_knob(*(updates.get(knob) for knob in BUDGET))
+    except ValueError:
         return [f"{source}: sets both {' and '.join(BUDGET)}: they are one budget knob, set one"]
-    for other in (k for k in BUDGET if setting and k != setting[0]):
+    for other in (k for k in BUDGET if setting and k != f"flce.{setting}"):
         values[other], provenance[other] = None, source
     return []
 
@@ -156,15 +177,15 @@ def resolve(
     entry = loaded.entry
     values = flatten(entry.model_dump(include=set(KNOB_SECTIONS)))
     explicit = flatten(entry.model_dump(include=set(KNOB_SECTIONS), exclude_unset=True))
-    family_source = Source(2, entry.family, loaded.path)
-    provenance = {k: family_source if k in explicit else Source(1, "") for k in values}
+    family_source = Source(Layer.FAMILY, entry.family, loaded.path)
+    provenance = {k: family_source if k in explicit else Source(Layer.DEFAULT, "") for k in values}
     applied, problems, files, noops = [], [], {}, {}
     for bundled in registry.policies_for(entry.family):
         problems += _layer(
             values,
             provenance,
             _policy_updates(bundled),
-            Source(3, bundled.policy.policy, bundled.path, bundled.origin),
+            Source(Layer.REGISTRY_POLICY, bundled.policy.policy, bundled.path, bundled.origin),
             entry,
             noops,
         )
@@ -176,14 +197,14 @@ def resolve(
                 values,
                 provenance,
                 _policy_updates(user),
-                Source(4, user.policy.policy, user.path),
+                Source(Layer.USER_POLICY, user.policy.policy, user.path),
                 entry,
                 noops,
             )
             applied.append(user.policy.policy)
             files[user.policy.policy] = f"{user.origin}: {user.path}"
     overrides = validate_overrides(overrides or {})
-    problems += _layer(values, provenance, overrides, Source(5, ""), entry, noops)
+    problems += _layer(values, provenance, overrides, Source(Layer.OVERRIDE, ""), entry, noops)
     if problems:
         raise RegistryError(f"cannot resolve family {entry.family!r}", problems)
     merged = {**entry.model_dump(exclude=set(KNOB_SECTIONS)), **unflatten(values)}

@@ -11,7 +11,7 @@ import transformers
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from liger_registry.attr_path import read_path
+from liger_registry.attr_path import read_path, text_config
 from liger_registry.registry.errors import RegistryError
 from liger_registry.schemas import KINDS, FamilyEntry
 from liger_registry.schemas.defaults import default
@@ -209,9 +209,7 @@ def target_problems(entry: FamilyEntry) -> list[str]:
 def default_language_config(entry: FamilyEntry) -> Any:
     """The language model's config with transformers' defaults, from the causal-LM class's config class."""
     config = resolve_class(entry, entry.causal_lm).config_class()
-    if entry.head is not None and entry.head.text_config_attr:
-        return getattr(config, entry.head.text_config_attr, config)
-    return config.get_text_config()
+    return text_config(config, entry.head.text_config_attr if entry.head else None)
 
 
 def moe_problems(entry: FamilyEntry, *holders: Any) -> list[str]:

@@ -11,11 +11,17 @@ DEFAULTS_FILE = Path(__file__).parent.parent / "registry" / "defaults.yaml"
 _DEFAULTS: dict[str, Any] = yaml.safe_load(DEFAULTS_FILE.read_text(encoding="utf-8"))
 
 
-def default(path: str) -> Any:
-    """The default at a dotted path of the defaults file; a missing one is an error at import, never a None."""
+_REQUIRED = object()
+
+
+def default(path: str, missing: Any = _REQUIRED) -> Any:
+    """The default at a dotted path of the defaults file; a missing one is an error at import, never a None,
+    unless ``missing`` is given (a knob whose default the file leaves out: max_chunk_mib)."""
     node: Any = _DEFAULTS
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
+            if missing is not _REQUIRED:
+                return missing
             raise KeyError(f"{DEFAULTS_FILE}: no default for {path!r}")
         node = node[part]
     return node

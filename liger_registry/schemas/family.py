@@ -6,18 +6,10 @@ import re
 from typing import Annotated, Any, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import (
-    AfterValidator,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, Field, StrictBool, create_model, field_validator, model_validator
 
 from liger_registry.attr_path import checked_path
-from liger_registry.limits import MAX_CHUNK_MEM_CONST, MAX_CHUNK_MIB
+from liger_registry.limits import LAYERED_OPTIONS, ChunkConst, budget_knob
 from liger_registry.schemas.base import StrictModel
 from liger_registry.schemas.defaults import default, default_list
 from liger_registry.schemas.kernel_kinds import KernelsSpec
@@ -25,31 +17,35 @@ from liger_registry.schemas.kernels import CrossEntropySpec
 from liger_registry.schemas.tiny_config import tiny_config_problems
 
 SkipLogitsMode = Literal["auto", "labels", "never"]
-FlceStrategy = Literal["auto", "tokens", "vocab"]
-AccumDtype = Literal["float32"]
-ZLossScale = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] | Annotated[StrictInt, Field(ge=0)]
-Smoothing = Annotated[StrictFloat, Field(ge=0, le=1)] | Annotated[StrictInt, Field(ge=0, le=1)]
-Mib = (
-    Annotated[StrictInt, Field(gt=0, le=int(MAX_CHUNK_MIB))]
-    | Annotated[StrictFloat, Field(gt=0, le=MAX_CHUNK_MIB, allow_inf_nan=False)]
-)
-ChunkConst = Annotated[StrictInt, Field(ge=1, le=MAX_CHUNK_MEM_CONST)]
 # An attribute name, or a dotted path into a nested config (DBRX's ffn_config.moe_num_experts).
 AttrPath = Annotated[str, AfterValidator(checked_path)]
-BUDGET_KNOBS = ("chunk_mem_const", "max_chunk_mib")
 
 
 def one_budget(data: Any) -> Any:
-    """chunk_mem_const and max_chunk_mib are one budget knob: max_chunk_mib set means chunk_mem_const is not."""
-    if not isinstance(data, dict) or data.get("max_chunk_mib") is None:
-        return data
-    if data.get("chunk_mem_const") is not None:
-        raise ValueError(
-            "chunk_mem_const and max_chunk_mib are one budget knob: set one of them (max_chunk_mib in MiB, "
-            "or chunk_mem_const), not both"
-        )
-    return {**data, "chunk_mem_const": None}
+    """The one-budget-knob rule on a section: max_chunk_mib set means chunk_mem_const is not (a default's)."""
+    if isinstance(data, dict) and budget_knob(data.get("chunk_mem_const"), data.get("max_chunk_mib")) == (
+        "max_chunk_mib"
+    ):
+        return {**data, "chunk_mem_const": None}
+    return data
 
+
+def flce_fields(patch: bool) -> dict[str, Any]:
+    """The fields of the FLCE options the registry layers: a family's (defaults from registry/defaults.yaml) or,
+    ``patch``, a policy's (every field optional, None: unset)."""
+    fields: dict[str, Any] = {}
+    for o in LAYERED_OPTIONS:
+        annotation = o.schema | None if (o.nullable or patch) else o.schema
+        value = None if patch else default(f"flce.{o.name}", o.default)
+        fields[o.name] = (annotation, Field(value, description=o.description))
+    return fields
+
+
+def _one_budget(cls: type, data: Any) -> Any:
+    return one_budget(data)
+
+
+ONE_BUDGET = {"_one_budget": model_validator(mode="before")(_one_budget)}
 
 # \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
 _IDENT = re.compile(r"^[a-z][a-z0-9_]*\Z")
@@ -57,50 +53,18 @@ _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?\Z")
 _MODULE = re.compile(r"^transformers(\.[A-Za-z_]\w*)+\Z")
 
 
-class FlceSpec(StrictModel):
-    """Fused linear cross entropy on the language-model head."""
-
-    enabled: StrictBool = Field(
-        default("flce.enabled"), description="Compute the training loss without materialising logits."
-    )
-    chunk_mem_const: ChunkConst | None = Field(
-        default("flce.chunk_mem_const"),
-        description="C in inc = ceil(V / (C*H)): larger C means fewer, bigger token chunks. One budget knob "
-        "with max_chunk_mib: setting one clears the other (null when max_chunk_mib is set).",
-    )
-    max_chunk_mib: Mib | None = Field(
-        None,
-        description="Memory budget of the logits buffer in MiB, instead of chunk_mem_const (one budget knob: "
-        "setting one clears the other from lower layers; both in one place is an error).",
-    )
-    strategy: FlceStrategy = Field(
-        default("flce.strategy"),
-        description="auto: the planner picks per call; tokens: chunk over tokens (the C=1 algorithm); "
-        "vocab: chunk over the vocabulary.",
-    )
-    lse_square_scale: ZLossScale = Field(
-        default("flce.lse_square_scale"),
-        description="z-loss: adds lse_square_scale * logsumexp(logits)**2 per non-ignored token (0: off).",
-    )
-    label_smoothing: Smoothing = Field(
-        default("flce.label_smoothing"),
-        description="Label smoothing of the loss, in [0, 1] (as F.cross_entropy).",
-    )
-    accum_dtype: AccumDtype | None = Field(
-        default("flce.accum_dtype"),
-        description="float32: accumulate the head's weight gradient in fp32 (16-bit models); null: in its dtype.",
-    )
-    use_token_scaling: StrictBool = Field(
-        default("flce.use_token_scaling"),
-        description="Multiply each token's loss by its predicted probability of the target (detached), as "
-        "liger's use_token_scaling.",
-    )
-    reason: str | None = Field(None, description="Why the knob has this value for this family.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_budget(cls, data: Any) -> Any:
-        return one_budget(data)
+FlceSpec = create_model(
+    "FlceSpec",
+    __base__=StrictModel,
+    __doc__="Fused linear cross entropy on the language-model head.",
+    __validators__=ONE_BUDGET,
+    enabled=(
+        StrictBool,
+        Field(default("flce.enabled"), description="Compute the training loss without materialising logits."),
+    ),
+    **flce_fields(patch=False),
+    reason=(str | None, Field(None, description="Why the knob has this value for this family.")),
+)
 
 
 class JsdSpec(StrictModel):

@@ -6,29 +6,16 @@ from typing import Any
 
 from pydantic import Field, StrictBool, create_model
 
+from liger_registry.limits import LAYERED_OPTIONS, ChunkConst
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.family import (
-    AccumDtype,
-    ChunkConst,
-    FlceStrategy,
-    Mib,
-    SkipLogitsMode,
-    Smoothing,
-    ZLossScale,
-)
+from liger_registry.schemas.family import SkipLogitsMode
 from liger_registry.schemas.kernel_kinds import CE_KEY, FLCE_KEY, KINDS
 
 # Knobs that are not a kernel kind's on/off switch: (knob path, type, field options).
 HEAD_OVERRIDES: dict[str, tuple[str, Any, dict[str, Any]]] = {
     FLCE_KEY: ("flce.enabled", StrictBool | None, {}),
     CE_KEY: ("cross_entropy.enabled", StrictBool | None, {}),
-    "chunk_mem_const": ("flce.chunk_mem_const", ChunkConst | None, {}),
-    "max_chunk_mib": ("flce.max_chunk_mib", Mib | None, {}),
-    "flce_strategy": ("flce.strategy", FlceStrategy | None, {}),
-    "lse_square_scale": ("flce.lse_square_scale", ZLossScale | None, {}),
-    "label_smoothing": ("flce.label_smoothing", Smoothing | None, {}),
-    "accum_dtype": ("flce.accum_dtype", AccumDtype | None, {}),
-    "use_token_scaling": ("flce.use_token_scaling", StrictBool | None, {}),
+    **{o.keyword or o.name: (f"flce.{o.name}", o.schema | None, {}) for o in LAYERED_OPTIONS},
     "jsd_chunk_mem_const": ("fused_linear_jsd.chunk_mem_const", ChunkConst | None, {}),
     "skip_logits": ("skip_logits", SkipLogitsMode | None, {}),
 }

@@ -2,46 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field, StrictBool, create_model
 
-from pydantic import Field, StrictBool, model_validator
-
+from liger_registry.limits import ChunkConst
 from liger_registry.schemas.base import StrictModel
-from liger_registry.schemas.family import (
-    AccumDtype,
-    ChunkConst,
-    FlceStrategy,
-    Mib,
-    SkipLogitsMode,
-    Smoothing,
-    ZLossScale,
-    one_budget,
-)
+from liger_registry.schemas.family import ONE_BUDGET, SkipLogitsMode, flce_fields
 from liger_registry.schemas.kernel_kinds import KernelsPatch
 
-
-class FlcePatch(StrictModel):
-    """FLCE knobs a policy may set."""
-
-    enabled: StrictBool | None = Field(None, description="Use FLCE for the training loss.")
-    chunk_mem_const: ChunkConst | None = Field(
-        None, description="FLCE chunk constant C; clears max_chunk_mib of lower layers."
-    )
-    max_chunk_mib: Mib | None = Field(
-        None, description="FLCE logits-buffer budget in MiB; clears chunk_mem_const of lower layers."
-    )
-    strategy: FlceStrategy | None = Field(None, description="FLCE chunking strategy: auto, tokens or vocab.")
-    lse_square_scale: ZLossScale | None = Field(None, description="FLCE z-loss scale (>= 0).")
-    label_smoothing: Smoothing | None = Field(None, description="FLCE label smoothing, in [0, 1].")
-    accum_dtype: AccumDtype | None = Field(None, description="float32: accumulate dW in fp32.")
-    use_token_scaling: StrictBool | None = Field(
-        None, description="Scale each token's loss by its detached predicted probability."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_budget(cls, data: Any) -> Any:
-        return one_budget(data)
+FlcePatch = create_model(
+    "FlcePatch",
+    __base__=StrictModel,
+    __doc__="FLCE knobs a policy may set; a budget knob set clears the other of lower layers.",
+    __validators__=ONE_BUDGET,
+    enabled=(StrictBool | None, Field(None, description="Use FLCE for the training loss.")),
+    **flce_fields(patch=True),
+)
 
 
 class CrossEntropyPatch(StrictModel):

@@ -11,14 +11,7 @@ from __future__ import annotations
 import torch
 
 from liger_registry.constants import IGNORE_INDEX
-
-REDUCTIONS = ("mean", "sum", "none")
-
-
-def check_reduction(reduction: str) -> str:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}; expected one of {', '.join(REDUCTIONS)}")
-    return reduction
+from liger_registry.limits import check_reduction
 
 
 def check_ce_options(label_smoothing: float, softcap: float | None, reduction: str) -> None:

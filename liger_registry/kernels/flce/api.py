@@ -22,7 +22,7 @@ from ..loss_grads import check_backward, no_output, scale_unless_one_
 from ..op import Op, register
 from .options import FlceOptions, options_from
 from .planner import FlcePlan, plan_for
-from .run import FlceRun
+from .run import FlceRun, takes_flat_run
 from .tokens import token_loop
 from .vocab import vocab_loop
 
@@ -80,6 +80,7 @@ def _or_empty(t: Tensor | None, like: Tensor) -> Tensor:
     return like.new_empty(0) if t is None else t
 
 
+@takes_flat_run
 def _flce_forward_impl(
     hidden: Tensor,
     weight: Tensor,
@@ -90,35 +91,11 @@ def _flce_forward_impl(
     need_dh: bool,
     need_dw: bool,
     need_db: bool,
-    ignore_index: int,
-    label_smoothing: float,
-    softcap: float | None,
-    logit_scale: float,
-    lse_square_scale: float,
-    reduction: str,
-    accum_dtype: torch.dtype | None,
-    use_token_scaling: bool,
-    strategy: str,
-    chunk: int,
-    backend: str,
-    argmax_mode: int,
+    *flat_run,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """:func:`flce_compute` with the :class:`FlceRun` flattened (``FlceRun.flat``); absent gradients are empty
-    tensors. (loss, z_loss, n_correct, argmax, dh, dw, db)."""
-    run = FlceRun.from_flat(
-        ignore_index,
-        label_smoothing,
-        softcap,
-        logit_scale,
-        lse_square_scale,
-        reduction,
-        accum_dtype,
-        use_token_scaling,
-        strategy,
-        chunk,
-        backend,
-        argmax_mode,
-    )
+    """:func:`flce_compute` with the :class:`FlceRun` flattened (``FlceRun.flat``: one typed argument per field,
+    from the options table); absent gradients are empty tensors. (loss, z_loss, n_correct, argmax, dh, dw, db)."""
+    run = FlceRun.from_flat(*flat_run)
     loss, z, n_correct, argmax, dh, dw, db = flce_compute(
         hidden, weight, target, bias, class_weights, row_grad, run, (need_dh, need_dw, need_db)
     )

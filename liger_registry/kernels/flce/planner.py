@@ -8,9 +8,10 @@ from functools import lru_cache
 
 import torch
 
+from liger_registry.limits import budget_knob, check_chunk_mem_const, check_max_chunk_mib, check_strategy
+
 from . import cost
 from .cost import DevicePeaks, device_peaks, known_peaks, peaks_of, tokens_ms, vocab_ms
-from .options import check_chunk_mem_const, check_max_chunk_mib, check_strategy
 from .vocab_geometry import vocab_geometry
 
 MIB = 1 << 20
@@ -259,9 +260,7 @@ def flce_plan(
     head, budget-buffer chunks only).
     """
     _check_shape(bt, h, v)
-    if chunk_mem_const is not None and max_chunk_mib is not None:
-        raise ValueError("chunk_mem_const and max_chunk_mib are one budget knob; set one of them, not both")
-    if chunk_mem_const is not None:
+    if budget_knob(chunk_mem_const, max_chunk_mib) == "chunk_mem_const":
         check_chunk_mem_const(chunk_mem_const)
     mib = None if max_chunk_mib is None else check_max_chunk_mib(max_chunk_mib)
     check_strategy(strategy)

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
+from liger_registry.limits import OP_OPTIONS
 
 from .options import FlceOptions
 
 # the fields of FlceOptions the computation reads (the budget knobs and the strategy live on in the plan)
-LOSS_FIELDS = (
-    "ignore_index",
-    "label_smoothing",
-    "softcap",
-    "logit_scale",
-    "lse_square_scale",
-    "reduction",
-    "accum_dtype",
-    "use_token_scaling",
-)
+LOSS_FIELDS = OP_OPTIONS
+_PLAN_FIELDS = (("strategy", str), ("chunk", int), ("backend", str), ("argmax_mode", int))
 
 
 @dataclass(frozen=True)
@@ -44,29 +39,23 @@ class FlceRun:
         )
 
     @classmethod
-    def from_flat(
-        cls,
-        ignore_index: int,
-        label_smoothing: float,
-        softcap: float | None,
-        logit_scale: float,
-        lse_square_scale: float,
-        reduction: str,
-        accum_dtype: torch.dtype | None,
-        use_token_scaling: bool,
-        strategy: str,
-        chunk: int,
-        backend: str,
-        argmax_mode: int,
-    ) -> FlceRun:
-        options = FlceOptions(
-            ignore_index=ignore_index,
-            label_smoothing=label_smoothing,
-            softcap=softcap,
-            logit_scale=logit_scale,
-            lse_square_scale=lse_square_scale,
-            reduction=reduction,
-            accum_dtype=accum_dtype,
-            use_token_scaling=use_token_scaling,
-        )
-        return cls(options, strategy, chunk, backend, argmax_mode)
+    def from_flat(cls, *flat) -> FlceRun:
+        """The run whose :meth:`flat` is ``flat``."""
+        n = len(LOSS_FIELDS)
+        options = FlceOptions(**dict(zip(LOSS_FIELDS, flat[:n], strict=True)))
+        return cls(options, *flat[n:])
+
+
+def _run_parameters() -> list[inspect.Parameter]:
+    hints = typing.get_type_hints(FlceOptions)
+    named = [(name, hints[name]) for name in LOSS_FIELDS] + list(_PLAN_FIELDS)
+    return [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t) for n, t in named]
+
+
+def takes_flat_run(fn: Callable) -> Callable:
+    """``fn(leading..., *flat_run)`` with the signature torch.library reads for its schema: its leading parameters,
+    then one typed parameter per field of :meth:`FlceRun.flat`."""
+    signature = inspect.signature(fn, eval_str=True)
+    leading = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    fn.__signature__ = signature.replace(parameters=leading + _run_parameters())
+    return fn

@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from liger_registry.constants import IGNORE_INDEX
+from liger_registry.limits import check_chunk_mem_const
 
 from ..define import define_op
-from ..flce.options import check_chunk_mem_const
 from ..op import Op, register
 from .loop import fljsd_compute
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from liger_registry import lint_parity
 from liger_registry.forwards import get_forward, registered_forwards
-from liger_registry.lint_where import problem_location, source_location, yaml_line
+from liger_registry.lint import parity
+from liger_registry.lint.where import problem_location, source_location, yaml_line
 from liger_registry.registry.applier import apply
 from liger_registry.registry.errors import PatchError, RegistryError, UnsupportedModelError
 from liger_registry.registry.loader import LoadedFamily, Registry, load_registry
@@ -169,7 +169,7 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
     batch = tiny_batch(model)
     with torch.no_grad():
         reference = model(**batch).loss
-    unpatched = lint_parity.run(model, batch, has_head=True)  # before any apply: RoPE is patched module-wide
+    unpatched = parity.run(model, batch, has_head=True)  # before any apply: RoPE is patched module-wide
     # As configured, and with FLCE off ("never fuse"): the forward owns skip_logits either way.
     variants = {"FLCE on": {}, "FLCE off": {FLCE_KEY: False}} if entry.flce.enabled else {"FLCE off": {}}
     findings = []
@@ -182,8 +182,8 @@ def deep_check(loaded: LoadedFamily, registry: Registry) -> list[Finding]:
         try:
             fuses = handle.report.config.entry.flce.enabled
             problems = _skip_logits_problems(model, batch, reference, entry.skip_logits, fuses)
-            patched_run = lint_parity.run(model, batch, has_head=True, skip_logits=False)
-            problems += lint_parity.differences(patched_run, unpatched, has_head=True)
+            patched_run = parity.run(model, batch, has_head=True, skip_logits=False)
+            problems += parity.differences(patched_run, unpatched, has_head=True)
         except Exception as exc:  # a forward that crashes is a finding of its family, not the end of the lint
             problems = [f"the patched forward raised {type(exc).__name__}: {exc}"]
         finally:
@@ -219,10 +219,10 @@ def _no_head_findings(model, entry, where: str, registry: Registry, note_at: str
             problems.append(f"head: null, but {type(model).__name__} returns logits")
     if problems:
         return [Finding("deep", where, p) for p in problems]
-    unpatched = lint_parity.run(model, batch, has_head=False)
+    unpatched = parity.run(model, batch, has_head=False)
     handle = apply(model, registry=registry)
     try:
-        problems = lint_parity.differences(lint_parity.run(model, batch, has_head=False), unpatched, False)
+        problems = parity.differences(parity.run(model, batch, has_head=False), unpatched, False)
     except Exception as exc:  # a crashing kernel is a finding of its family
         problems = [f"the patched model raised {type(exc).__name__}: {exc}"]
     finally:
