@@ -5,9 +5,8 @@ reads another row's memory and gives a finite, plausible loss), and the PyTorch 
 ``gather``. So every loss call checks its labels once, before any kernel reads them, on both backends with the
 same message. The check is one masked ``aminmax`` over the N labels (two elementwise kernels and one reduction
 over N int64 values, no pass over the [N, V] logits) and one host read of its two results per call, not per
-chunk. Measured on CPU (2 shared cores, torch 2.13), median: 23-31 us at N=4096, against 3.2 s for the FLCE
-call at N=4096, H=256, V=8192 (0.001%) and 0.45 s for cross_entropy on [4096, 8192] logits (0.005%); the GPU
-bound (< 2% of the FLCE call at N=4096, H=4096, V=128256, bf16) is asserted by tests/kernels/test_gpu.py.
+chunk (its cost against a loss call: benchmarks/NOTES.md, "Label check cost"; the GPU bound is asserted by
+tests/kernels/test_gpu.py).
 The fused loss on CUDA (:func:`start_label_check`) does not read the result back before its kernels: it
 replaces bad ids on the device, queues the loss, then waits for the flag and raises before the loss is returned
 (the early read made the host wait for all earlier GPU work, so the loss's launches met an idle GPU). The

@@ -4,11 +4,9 @@ Per GEMM ``C[m, n] = A[m, k] @ B[k, n]`` a roofline at the real chunk shape::
 
     t = max(2 m n k / (F * e), (m k + k n) s + m n s_out) / B_gemm),   e = d / (d + D0),  d = min(m, n, k)
 
-``F`` is the dense 16-bit GEMM rate cuBLAS reaches on the card (H200: ~700 TFLOP/s measured here), ``e`` a
-small-dimension efficiency (a GEMM with a 256-row side runs at ~89% of it; fitted to ANCHORS.md's chunk-256
-split) times 0.93 when a side is not a multiple of 128 (GPT-OSS's H=2880 3-GEMM floor: 10.9 ms, not 10.2), ``B_gemm = 0.7 * B`` the rate at which a GEMM streams operands (``B`` = copy bandwidth, read + write;
-a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). Elementwise passes cost
-``bytes / B``. Summed per chunk:
+``F`` is the dense 16-bit GEMM rate cuBLAS reaches on the card (``PEAKS``), ``e`` a small-dimension efficiency
+times ``UNALIGNED`` when a side is not a multiple of 128, ``B_gemm = 0.7 * B`` the rate at which a GEMM streams
+operands (``B`` = copy bandwidth, read + write). Elementwise passes cost ``bytes / B``. Summed per chunk:
 
 * tokens (``c`` rows, ``ceil(BT / c)`` chunks): logits GEMM [c, V] <- [c, H] [H, V]; the row kernel reads the
   chunk twice and writes its gradient (3 c V s); dX GEMM [c, H] <- [c, V] [V, H]; dW GEMM [V, H] <- [V, c] [c, H]
@@ -23,16 +21,8 @@ a skinny GEMM re-reading the weight measured ~1.4 ms per GiB pair at chunk 64). 
   dW's not yet written memory: few, wide chunks, pass 1's last and widest one reused).
 * both: the exact fp32 target logit (``target``), one read of BT hidden and BT weight rows.
 
-Tokens calibrated on ANCHORS.md (H200, bf16, C=1 budget; ``benchmarks/flce_plan_table.py`` prints the table):
-Llama-3 (H=4096 V=128256) tokens at BT 2048 / 4096 / 8192 / 16384: 46.7 / 47.6 / 54.2 / 92.6 ms predicted vs
-45.3 / 45.2 / 55.1 / 90.7 measured (H200 run 1 of bench_flce: 54.97 at 8192, 90.67 at 16384); GPT-OSS
-(H=2880 V=201088): 102.6 / 104.1 / 107.0 / 128.2 vs 101.9 / 103.9 / 108.8 / 124.5. C=8 tokens: 11.3 / 20.9 /
-40.1 / 78.5 vs 11.5 / 21.6 / 41.3 / 79.4. fp32 GEMMs (no TF32) run at ``F / 10``.
-Vocab fitted on H200 run 1 (old geometry 33 x 3968 / 66 x 3072, no reuse): Llama 14.44 / 28.04 / 55.42 / 110.2
-predicted vs 14.35 / 27.90 / 55.39 / 116.58 measured, GPT-OSS 16.85 / 32.26 / 63.20 / 125.1 vs 16.92 / 32.42 /
-63.22 / 125.80. Today's geometry (32 x 4008 / 65 x 3096, reuse): Llama 14.31 / 27.80 / 54.95 / 109.3, GPT-OSS
-16.77 / 32.12 / 62.95 / 124.6 (-0.4 to -0.9%). Llama BT 8192 at C=1 is a near tie the model gives to tokens
-(54.20 vs 54.95; measured 54.97 vs 55.39 in the old geometry).
+The calibration (fitted on the H200 against ANCHORS.md and bench_flce) and its residuals per shape are in
+benchmarks/NOTES.md, "FLCE cost model: calibration".
 """
 
 from __future__ import annotations
@@ -63,14 +53,9 @@ PEAKS = (
 DEFAULT_PEAKS = DevicePeaks("default", 300e12, 2.0e12)
 GEMM_BW_FRACTION = 0.7
 SMALL_DIM = 32  # D0 of the small-dimension efficiency
-UNALIGNED = (
-    0.93  # FLOP rate factor of a GEMM with a side not a multiple of 128 (GPT-OSS H=2880: floor 10.9 ms)
-)
+UNALIGNED = 0.93  # FLOP rate factor of a GEMM with a side not a multiple of 128
 FP32_FLOPS_FRACTION = 0.1
-# vocab strategy, fitted on H200 run 1 (bench_flce, 33 x 3968 / 66 x 3072 chunks, bf16 pass 1; NOTES.md): its
-# [BT, ~4k] GEMMs run at 0.97 of the rate and GPT-OSS's H=2880 costs them nothing extra (the 0.93 is the
-# floor's), plus ~10 us per chunk and pass (launches, GEMM tails). Residuals: Llama 2048-8192 +0.7/+0.5/+0.1%,
-# GPT-OSS 2048-16384 -0.4/-0.5/0.0/-0.6%; Llama 16384 -5.5% (116.6 measured: unexplained, tokens wins there)
+# the vocab strategy's GEMM rate and per-chunk overhead: fitted, see NOTES.md ("FLCE cost model: calibration")
 VOCAB_GEMM_EFFICIENCY = 0.97
 VOCAB_PASS_OVERHEAD_S = 10e-6
 REUSE_LAST_CHUNK = (
@@ -217,6 +202,6 @@ def keeps_every_chunk(
     """Whether the vocabulary strategy lays its chunks out with every chunk's logits kept for pass 2
     (:func:`vocab_geometry.kept_geometry`, ``N <= H``): where that layout applies, when it is predicted
     faster than keeping pass 1's last chunk only. It saves logits GEMMs but needs more chunks as N nears H (the
-    widths grow by H / N): on the H200 (session 6) 33 chunks at N = H still ran 0.91-0.92x the other layout."""
+    widths grow by H / N); NOTES.md (session 6) has how the two layouts compared on the H200."""
     ms = (vocab_ms(bt, h, v, chunk, itemsize, peaks, True, multiple, keep=k) for k in (True, False))
     return next(ms) < next(ms)

@@ -127,8 +127,8 @@ def _vocab_chunk(bt: int, v: int, itemsize: int, budget: float, align: int) -> i
 # fewest columns of a vocabulary chunk (narrower ones waste the GEMMs); tests lower it so that tiny vocabularies
 # are chunked
 VOCAB_ALIGN = 128
-# chunk widths are a multiple of this, or of VOCAB_ALIGN if smaller: on the H200 (run 3) widths that were only a
-# multiple of 8 (GPT-OSS 3096, Llama 4008) ran 1-13% slower than the multiples of 128 of run 1 (3072, 3968)
+# chunk widths are a multiple of this, or of VOCAB_ALIGN if smaller: widths only a multiple of 8 ran slower on the
+# H200 (NOTES.md, "FLCE cost model: calibration")
 COL_MULTIPLE = 128
 
 

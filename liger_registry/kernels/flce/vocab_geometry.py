@@ -23,9 +23,8 @@ the first chunk ``[0, w0)`` (``w0`` the budget buffer's width) stays in the buff
 ``[s, e)`` lies in dW's storage right after the logits of the columns before it, at ``N (s - w0)``, which ends
 below its own dW rows when ``N (e - w0) <= s H``: widths grow by ``H / N`` per chunk. Pass 2 (descending) writes
 each chunk's dW rows above the logits still to be read. At N = H the widths stop growing (~V / w0 chunks). The
-caller chooses it by the cost model (``keep``, :func:`cost.keeps_every_chunk`); on the H200 (session 6) it
-ran 0.90-0.92x the time of the geometry above at 2-4k tokens on the Llama-3, Qwen3 and GPT-OSS heads, 33 chunks
-at N = H included. It is built up to KEPT_MAX_CHUNKS chunks.
+caller chooses it by the cost model (``keep``, :func:`cost.keeps_every_chunk`; NOTES.md, session 6, has how
+it compared on the H200). It is built up to KEPT_MAX_CHUNKS chunks.
 
 Without a weight gradient (a frozen head) or when ``r`` is no wider than the budget buffer (many rows), the
 geometry is the plain one: even budget-buffer chunks, pass 2 reusing the last.
@@ -89,8 +88,8 @@ def plain_geometry(v: int, width: int) -> VocabGeometry:
     return VocabGeometry(tuple(chunks), tuple(pass2))
 
 
-# the kept geometry is built up to this many chunks (measured up to 33; beyond, launches and the fp32 dX
-# accumulator's pass per chunk are untested against the logits GEMMs it saves)
+# the kept geometry is built up to this many chunks (beyond the counts NOTES.md's session 6 measured, launches
+# and the fp32 dX accumulator's pass per chunk are untested against the logits GEMMs it saves)
 KEPT_MAX_CHUNKS = 64
 
 

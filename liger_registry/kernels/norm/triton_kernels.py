@@ -18,8 +18,8 @@ from .. import triton_utils as tu
 
 _MODES = {"llama": 0, "gemma": 1, "none": 2}
 SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program of the partial-sum kernel
-# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32): register pressure may favour 2 (see
-# benchmarks/NOTES.md, "Norm kernels: host time and backward warps"; benchmarks/probe_norm_host.py compares 1 and 2).
+# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32); benchmarks/probe_norm_host.py
+# compares 1 and 2 (benchmarks/NOTES.md, "Norm kernels: host time and backward warps").
 BWD_WARP_FACTOR = 1
 
 
