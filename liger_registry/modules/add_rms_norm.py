@@ -19,6 +19,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from liger_registry.kernels.norm import add_rms_norm
 from liger_registry.modules.layer_shape import LayerShape, layer_shape, part_class, planned_shape
 from liger_registry.modules.module_attr import attr_label, attr_reader, has_attr
+from liger_registry.modules.wiring import checks, makes
 from liger_registry.schemas import AddRmsNormSpec, FamilyEntry
 
 # Newer transformers checkpoint a GradientCheckpointingLayer inside the forward its class defines (a wrapper made
@@ -49,6 +50,7 @@ def _runs_as_a_module(norm: nn.Module, weight: torch.Tensor) -> bool:
     )
 
 
+@makes("add_rms_norm")
 def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
     offset, mode, weight_attr, read_eps = (
         float(spec.offset),
@@ -109,6 +111,7 @@ def _norm_problem(
     return tuple(resolve_class(entry, t) for t in rms.targets), None
 
 
+@checks("add_rms_norm")
 def add_rms_norm_problem(
     spec: AddRmsNormSpec,
     entry: FamilyEntry,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from liger_registry import kernels
+from liger_registry.modules.wiring import makes
 from liger_registry.schemas import GluSpec
 
 
@@ -17,9 +18,11 @@ def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
     return forward
 
 
+@makes("swiglu")
 def swiglu_forward(spec: GluSpec) -> Callable:
     return _glu_forward(spec, kernels.swiglu)
 
 
+@makes("geglu")
 def geglu_forward(spec: GluSpec) -> Callable:
     return _glu_forward(spec, kernels.geglu)

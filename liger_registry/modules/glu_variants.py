@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
+from liger_registry.modules.wiring import makes
 
 
 def gate_up_mlp_forward(kind: str, gate_up: str = "gate_up_proj", down: str = "down_proj"):
@@ -38,21 +39,25 @@ def relu_squared_forward(self, input):
     return relu_squared(input)
 
 
+@makes("swiglu", variant="gate_up")
 def swiglu_gate_up_forward(spec):
     """The swiglu kind's maker when the spec names a fused ``gate_up``."""
     return gate_up_mlp_forward("swiglu", spec.gate_up, spec.down)
 
 
+@makes("geglu", variant="gate_up")
 def geglu_gate_up_forward(spec):
     """The geglu kind's maker when the spec names a fused ``gate_up``."""
     return gate_up_mlp_forward("geglu", spec.gate_up, spec.down)
 
 
+@makes("relu_squared")
 def relu_squared_module_forward(spec):
     """The relu_squared kind's maker: every target is an activation module, nothing to read from the spec."""
     return relu_squared_forward
 
 
+@makes("swiglu_clamped")
 def clamped_apply_gate(spec):
     """The swiglu_clamped kind's maker: GPT-OSS's experts' ``_apply_gate`` (limit and alpha from the module)."""
     return gpt_oss_apply_gate

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from liger_registry import kernels
+from liger_registry.modules.wiring import makes
 from liger_registry.schemas import LayerNormSpec
 
 
+@makes("layer_norm")
 def layer_norm_forward(spec: LayerNormSpec):
     eps_attr = spec.eps_attr
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from liger_registry.kernels.norm import layer_norm_1p
+from liger_registry.modules.wiring import makes
 
 
 def layer_norm_1p_forward(self, input):
@@ -10,6 +11,7 @@ def layer_norm_1p_forward(self, input):
     return layer_norm_1p(input, self.weight, self.bias, self.eps)
 
 
+@makes("layer_norm", variant="1p")
 def layer_norm_1p_module_forward(spec):
     """The layer_norm kind's maker for ``offset: 1.0``; epsilon from the spec's ``eps_attr``."""
     eps_attr = spec.eps_attr

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from liger_registry import kernels
 from liger_registry.modules.module_attr import attr_reader
+from liger_registry.modules.wiring import makes
 from liger_registry.schemas import RmsNormSpec
 
 
+@makes("rms_norm")
 def rms_norm_forward(spec: RmsNormSpec):
     offset, mode, weight_attr, read_eps = (
         float(spec.offset),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from liger_registry import kernels
+from liger_registry.modules.wiring import makes
 
 
+@makes("rope")
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     """Same contract as HF's: cos/sin are [batch, seq, head_dim]; unsqueeze_dim 1 means q is [b, h, s, d].
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import types
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from torch import nn
 
 from liger_registry.attr_path import text_config
 from liger_registry.forwards import ForwardContext, bind_forward, get_forward
+from liger_registry.modules import wiring
 from liger_registry.modules.module_attr import attr_label, has_attr
 from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.rebind import calls_function, rebind
@@ -50,17 +49,6 @@ class Plan:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def maker(kind: KernelKind, spec: Any) -> Any:
-    """The module forward maker (or drop-in function) the spec picks of its kind, imported on first use."""
-    return _imported(kind.maker_for(spec))
-
-
-@cache
-def _imported(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def _activation_problem(kind: KernelKind, spec: Any, config: Any) -> str | None:
     """The config's activation, read through the spec's act_config_attr, must be one the kernel computes."""
     if not kind.activations or config is None or spec.act_config_attr is None:
@@ -88,11 +76,11 @@ def _module_kernel(
     if lacking := [c.__name__ for c in classes if not callable(getattr(c, kind.method, None))]:
         plan.problems.append(f"{kind.name}: {', '.join(lacking)} has no method {kind.method}")
         return
-    check = _imported(kind.check) if kind.check else None
+    check = wiring.check(kind.name)
     if check is not None and (refused := [p for c in classes if (p := check(spec, entry, c, resolve_class))]):
         plan.problems += [f"{kind.name}: {p}" for p in refused]
         return
-    forward = maker(kind, spec)(spec)
+    forward = wiring.maker(kind.name, spec.variant)(spec)
     if model is None:
         plan.replacements += [
             Planned(kind.name, "class", c, kind.method, forward, c.__qualname__) for c in classes
@@ -131,7 +119,7 @@ def _function_kernel(
     plan: Plan, kind: KernelKind, spec: Any, entry: FamilyEntry, model: nn.Module | None
 ) -> None:
     module, attr = resolve_function(entry, kind.function_name(spec))
-    replacement = maker(kind, spec)
+    replacement = wiring.maker(kind.name, spec.variant)
     if model is not None and (callers := _callers(model, module, attr, replacement)):
         plan.replacements += [
             Planned(kind.name, "instance", m, "forward", forward, f"{name}.forward({attr})")

@@ -323,9 +323,9 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
 
 def rope_dropin(layout: str):
     """The drop-in function the rope kind installs for `layout`."""
-    from liger_registry.registry.plan import maker
+    from liger_registry.modules import wiring
 
-    return maker(KINDS["rope"], RopeSpec(layout=layout))
+    return wiring.maker("rope", RopeSpec(layout=layout).variant)
 
 
 def _low(value: Any) -> Any:

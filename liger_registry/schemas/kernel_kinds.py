@@ -1,7 +1,7 @@
 """The table of kernel kinds: the one place a kind is named; specs, patches, overrides and dispatch derive from it.
 
-Torch-free: a kind names its module forward maker (or drop-in function) as a ``"module:attribute"`` string that
-the planner imports only when it installs the kind, like transformers' auto mappings.
+Torch-free and wiring-free: a kind says what it is; what installs it (its maker, its variants' makers, its check)
+registers itself where it is defined, with ``@makes`` and ``@checks`` (liger_registry.modules.wiring).
 """
 
 from __future__ import annotations
@@ -35,19 +35,17 @@ CE_KEY = "cross_entropy"
 class KernelKind:
     """One kind of kernel a family entry can declare under `kernels:`.
 
-    `maker`: for a module-forward kind, a function `maker(spec) -> forward` that replaces `forward` of each
-    target class; for a module-function kind, the drop-in function itself. `attributes`: spec fields whose
-    values name attributes every target module must have. `patchable`: spec fields a policy may change
-    (besides `enabled` and `reason`). `function_module`: where a module-function kind's function lives when
-    it is not in the family's module. `activations`: for gated MLPs, the config activations the kernel computes.
-    `method`: the method of the target classes a module-forward kind replaces. `variants`: ``(variant, maker,
-    op)`` for each option value that installs another maker on another op (the spec's ``variant`` names it).
+    `attributes`: spec fields whose values name attributes every target module must have. `patchable`: spec
+    fields a policy may change (besides `enabled` and `reason`). `function_module`: where a module-function
+    kind's function lives when it is not in the family's module. `activations`: for gated MLPs, the config
+    activations the kernel computes. `method`: the method of the target classes a module-forward kind replaces.
+    `variants`: ``(variant, op)`` for each option value that installs another maker, on `op` (the spec's
+    ``variant`` names it). What installs the kind and each variant is registered in liger_registry.modules.wiring.
     """
 
     name: str
     spec: type[KernelSpec]
     scope: Scope
-    maker: str
     description: str
     op: str = ""  # the kernel op decide_backend knows it by; "" = the kind's name
     liger_key: str | None = ""  # its liger_kernel_config key; "" = the kind's name, None = none
@@ -56,10 +54,7 @@ class KernelKind:
     function_module: str | None = None
     activations: tuple[str, ...] = ()
     method: str = "forward"
-    variants: tuple[tuple[str, str, str], ...] = ()
-    check: str | None = (
-        None  # "module:function" (spec, entry, class or module, resolve_class) -> problem or None
-    )
+    variants: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         for attr in ("op", "liger_key"):
@@ -70,19 +65,9 @@ class KernelKind:
     def module_forward(self) -> bool:
         return self.scope == "module forward"
 
-    def _variant(self, spec: Any) -> tuple[str, str]:
-        for variant, maker, op in self.variants:
-            if spec.variant == variant:
-                return maker, op
-        return self.maker, self.op
-
-    def maker_for(self, spec: Any) -> str:
-        """The maker (or drop-in) the spec's options pick: a variant's, else the kind's own."""
-        return self._variant(spec)[0]
-
     def op_for(self, spec: Any) -> str:
-        """The kernel op the spec's options run on."""
-        return self._variant(spec)[1]
+        """The kernel op the spec's options run on: its variant's, else the kind's own."""
+        return dict(self.variants).get(spec.variant, self.op)
 
     def function_name(self, spec: Any) -> str:
         """What a module-function kind replaces: a name in the family's module, or in the kind's own module."""
@@ -98,7 +83,6 @@ KINDS: dict[str, KernelKind] = {
             "rms_norm",
             RmsNormSpec,
             "module forward",
-            "liger_registry.modules.rms_norm:rms_norm_forward",
             "Fused RMSNorm on the listed norm classes.",
             attributes=("weight_attr", "eps_attr"),
             patchable=("casting_mode",),
@@ -107,68 +91,52 @@ KINDS: dict[str, KernelKind] = {
             "add_rms_norm",
             AddRmsNormSpec,
             "module forward",
-            "liger_registry.modules.add_rms_norm:add_rms_norm_layer_forward",
             "Residual add + post-attention RMSNorm fused in the listed llama-shaped decoder layers.",
             liger_key=None,
-            check="liger_registry.modules.add_rms_norm:add_rms_norm_problem",
         ),
         KernelKind(
             "rope",
             RopeSpec,
             "module function",
-            ROPE_LAYOUTS["rotate_half"].function,
             "Fused rotary embedding of q and k together, in the layout of the family's function.",
-            variants=tuple(
-                (name, layout.function, "rope_variant")
-                for name, layout in ROPE_LAYOUTS.items()
-                if name != "rotate_half"
-            ),
+            variants=tuple((layout, "rope_variant") for layout in ROPE_LAYOUTS if layout != "rotate_half"),
         ),
         KernelKind(
             "swiglu",
             GluSpec,
             "module forward",
-            "liger_registry.modules.glu:swiglu_forward",
             "Fused silu(gate) * up in the listed MLP classes (gate and up read in place from a fused gate_up).",
             attributes=("gate", "up", "down"),
             activations=("silu", "swish"),
-            variants=(
-                ("gate_up", "liger_registry.modules.glu_variants:swiglu_gate_up_forward", "glu_fused"),
-            ),
+            variants=(("gate_up", "glu_fused"),),
         ),
         KernelKind(
             "geglu",
             GluSpec,
             "module forward",
-            "liger_registry.modules.glu:geglu_forward",
             "Fused gelu_tanh(gate) * up in the listed MLP classes (gate and up read in place from a fused gate_up).",
             attributes=("gate", "up", "down"),
             activations=("gelu_pytorch_tanh", "gelu_tanh"),
-            variants=(("gate_up", "liger_registry.modules.glu_variants:geglu_gate_up_forward", "glu_fused"),),
+            variants=(("gate_up", "glu_fused"),),
         ),
         KernelKind(
             "layer_norm",
             LayerNormSpec,
             "module forward",
-            "liger_registry.modules.layer_norm:layer_norm_forward",
             "Fused LayerNorm on the listed classes (offset 1: LayerNorm1P).",
             attributes=("eps_attr",),
-            variants=(
-                ("1p", "liger_registry.modules.norm_variants:layer_norm_1p_module_forward", "layer_norm"),
-            ),
+            variants=(("1p", "layer_norm"),),
         ),
         KernelKind(
             "relu_squared",
             ModuleKernelSpec,
             "module forward",
-            "liger_registry.modules.glu_variants:relu_squared_module_forward",
             "Fused relu(x) ** 2 on the listed activation modules (ACT2FN['relu2']).",
         ),
         KernelKind(
             "swiglu_clamped",
             ModuleKernelSpec,
             "module forward",
-            "liger_registry.modules.glu_variants:clamped_apply_gate",
             "GPT-OSS's clamped SwiGLU over interleaved gate/up pairs, in the experts' _apply_gate.",
             liger_key=None,
             attributes=(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
@@ -13,40 +13,20 @@ from liger_registry.schemas.defaults import default
 CastingMode = Literal["llama", "gemma", "none"]
 
 
-class RopeDropIn(NamedTuple):
-    function: str  # the drop-in that serves the layout
-    about: str
-
-
-# How a family's rotary function pairs and rotates the channels: the one list of the layouts, each with its
-# drop-in. The order is the scaffolder's order of trial: rotate_half first, so a full-head rotary keeps the plain
-# kernel that partial would also reproduce.
-ROPE_LAYOUTS: dict[str, RopeDropIn] = {
-    "rotate_half": RopeDropIn(
-        "liger_registry.modules.rope:apply_rotary_pos_emb",
-        "HF's rotate_half over the whole head, results in q's and k's dtypes",
-    ),
-    "partial": RopeDropIn(
-        "liger_registry.modules.rope_variants:apply_rotary_pos_emb_partial",
+# How a family's rotary function pairs and rotates the channels: the one list of the layouts (each one's drop-in
+# registers itself with @makes("rope", variant=layout); rotate_half's is the kind's own). The order is the
+# scaffolder's order of trial: rotate_half first, so a full-head rotary keeps the plain kernel that partial would
+# also reproduce.
+ROPE_LAYOUTS: dict[str, str] = {
+    "rotate_half": "HF's rotate_half over the whole head, results in q's and k's dtypes",
+    "partial": (
         "rotate_half on the first cos.shape[-1] channels, the rest passed through (phi3, nemotron, qwen3_next, "
-        "qwen3_5)",
+        "qwen3_5)"
     ),
-    "interleaved": RopeDropIn(
-        "liger_registry.modules.rope_variants:apply_rotary_pos_emb_interleaved",
-        "pairs (2j, 2j+1) on the first cos.shape[-1] channels (glm4)",
-    ),
-    "interleaved_fp32": RopeDropIn(
-        "liger_registry.modules.rope_variants:apply_rotary_pos_emb_interleaved_fp32",
-        "the same rotated in fp32, results in q's and k's dtypes (ernie4_5)",
-    ),
-    "half_split": RopeDropIn(
-        "liger_registry.modules.rope_variants:apply_rotary_pos_emb_half_split",
-        "GPT-OSS's halves with one cos per pair",
-    ),
-    "complex": RopeDropIn(
-        "liger_registry.modules.rope_variants:apply_rotary_emb",
-        "llama4's apply_rotary_emb(xq, xk, freqs_cis)",
-    ),
+    "interleaved": "pairs (2j, 2j+1) on the first cos.shape[-1] channels (glm4)",
+    "interleaved_fp32": "the same rotated in fp32, results in q's and k's dtypes (ernie4_5)",
+    "half_split": "GPT-OSS's halves with one cos per pair",
+    "complex": "llama4's apply_rotary_emb(xq, xk, freqs_cis)",
 }
 RopeLayout = Literal[tuple(ROPE_LAYOUTS)]
 # Sections of registry/defaults.yaml the specs read their defaults from.
@@ -193,7 +173,7 @@ class RopeSpec(KernelSpec):
     function: str = Field(default(ROPE + "function"), description="Function name in the family's module.")
     layout: RopeLayout = Field(
         default(ROPE + "layout"),
-        description="; ".join(f"{name}: {layout.about}" for name, layout in ROPE_LAYOUTS.items()) + ".",
+        description="; ".join(f"{name}: {about}" for name, about in ROPE_LAYOUTS.items()) + ".",
     )
 
     @property

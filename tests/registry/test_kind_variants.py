@@ -11,7 +11,7 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.llama4 import modeling_llama4
 from transformers.models.phi3 import modeling_phi3
 
-from liger_registry.modules import glu_variants, rope_variants
+from liger_registry.modules import glu_variants, rope_variants, wiring
 from liger_registry.registry.loader import load_registry
 from liger_registry.registry.plan import make_plan
 from liger_registry.registry.resolve import resolve
@@ -31,7 +31,7 @@ def by_kernel(plan):
 
 
 def test_every_rope_layout_but_rotate_half_has_its_drop_in():
-    variants = {v for v, _, _ in KINDS["rope"].variants}
+    variants = {v for v, _ in KINDS["rope"].variants}
     assert variants == set(typing.get_args(RopeLayout)) - {"rotate_half"}
 
 
@@ -104,11 +104,35 @@ def test_a_target_without_the_kinds_method_is_a_problem(tmp_path):
     assert "swiglu_clamped: LlamaMLP has no method _apply_gate" in plan.problems
 
 
-def test_every_variant_maker_imports_and_its_op_is_registered():
+def test_every_kind_and_variant_has_its_maker_and_op_and_every_maker_its_kind():
     from liger_registry import kernels
-    from liger_registry.registry.plan import _imported
 
+    wanted = {}
     for kind in KINDS.values():
-        for variant, path, op in (("", kind.maker, kind.op), *kind.variants):
-            assert callable(_imported(path)), (kind.name, variant)
+        for variant, op in (("", kind.op), *kind.variants):
+            wanted[kind.name, variant] = op
+            assert callable(wiring.maker(kind.name, variant)), (kind.name, variant)
             assert op in kernels.OPS, (kind.name, variant, op)
+    assert set(wiring.registered_makers()) == set(wanted)
+
+
+def test_a_kind_without_a_maker_names_the_kind_variant_and_the_registered_ones(monkeypatch):
+    wiring.registered_makers()
+    monkeypatch.delitem(wiring._MAKERS, ("rope", "partial"))
+    with pytest.raises(
+        LookupError, match=r"'rope', variant 'partial': decorate it with @makes\('rope', variant="
+    ) as e:
+        wiring.maker("rope", "partial")
+    assert "rope (complex)" in str(e.value) and "rms_norm" in str(e.value)
+    with pytest.raises(LookupError, match="'rope', variant 'spiral': kind 'rope' has no variant 'spiral'"):
+        wiring.maker("rope", "spiral")
+
+
+def test_a_maker_for_an_unknown_kind_or_variant_is_refused_when_decorated():
+    wiring.registered_makers()
+    with pytest.raises(ValueError, match="no kernel kind 'spiral_norm'"):
+        wiring.makes("spiral_norm")
+    with pytest.raises(ValueError, match="kind 'swiglu' has no variant 'spiral'; its variants: gate_up"):
+        wiring.makes("swiglu", variant="spiral")
+    with pytest.raises(ValueError, match="the maker of rms_norm is already registered"):
+        wiring.makes("rms_norm")(lambda spec: None)
