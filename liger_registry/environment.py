@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
-from liger_registry.kernels.op import ENV_VAR as BACKEND_VARIABLE
+from liger_registry.kernels.backend import ENV_VAR as BACKEND_VARIABLE
 from liger_registry.registry.loader import PATH_VARIABLE
 
 PACKAGES = ("liger-registry", "torch", "triton", "transformers", "pydantic", "pyyaml", "rich")
@@ -75,7 +75,7 @@ def _gpus() -> list[str]:
 def op_backends(device: str, dtype) -> dict[str, dict[str, object]]:
     """`decide_backend` for every registered op; a forced backend that cannot run is reported, not raised."""
     import liger_registry.kernels  # noqa: F401 - registers the ops
-    from liger_registry.kernels.op import OPS, BackendError, decide_backend
+    from liger_registry.kernels.backend import OPS, BackendError, decide_backend
 
     backends = {}
     for name in sorted(OPS):

@@ -165,7 +165,7 @@ def test_env_reports_versions_and_the_backend_of_every_op(capsys, monkeypatch):
     import torch
     import transformers
 
-    from liger_registry.kernels.op import OPS
+    from liger_registry.kernels.backend import OPS
 
     monkeypatch.delenv("LIGER_REGISTRY_BACKEND", raising=False)
     assert cli.main(["env", "--format", "json", "--device", "cpu"]) == 0

@@ -1,18 +1,8 @@
-"""Kernels: the public functional API; each op dispatches to Triton (CUDA) or PyTorch (CPU), see ``op``."""
+"""Kernels: the public functional API; each op dispatches to Triton (CUDA) or PyTorch (CPU), see ``backend``."""
 
 from __future__ import annotations
 
-from .ce.op import CrossEntropyOutput
-from .ce.op import cross_entropy as cross_entropy
-from .flce.api import FLCEOutput, FusedLinearCrossEntropyFunction
-from .flce.api import fused_linear_cross_entropy as fused_linear_cross_entropy
-from .flce.options import FlceOptions
-from .flce.planner import FlcePlan, flce_chunk_geometry, flce_plan
-from .glu import geglu, glu_fused, relu_squared, swiglu, swiglu_clamped
-from .jsd.api import FusedLinearJSDFunction
-from .jsd.api import fused_linear_jsd as fused_linear_jsd
-from .norm import add_rms_norm, layer_norm, layer_norm_1p, rms_norm
-from .op import (
+from .backend import (
     BACKENDS,
     ENV_VAR,
     OPS,
@@ -24,6 +14,16 @@ from .op import (
     requested_backend,
     why_not_triton,
 )
+from .ce.op import CrossEntropyOutput
+from .ce.op import cross_entropy as cross_entropy
+from .flce.api import FLCEOutput, FusedLinearCrossEntropyFunction
+from .flce.api import fused_linear_cross_entropy as fused_linear_cross_entropy
+from .flce.options import FlceOptions
+from .flce.planner import FlcePlan, flce_chunk_geometry, flce_plan
+from .glu import geglu, glu_fused, relu_squared, swiglu, swiglu_clamped
+from .jsd.api import FusedLinearJSDFunction
+from .jsd.api import fused_linear_jsd as fused_linear_jsd
+from .norm import add_rms_norm, layer_norm, layer_norm_1p, rms_norm
 from .rope import rope, rope_variant
 
 __all__ = [

@@ -12,7 +12,7 @@ import transformers
 from packaging.version import Version
 
 import liger_registry as L
-from liger_registry.kernels.op import backend_for
+from liger_registry.kernels.backend import backend_for
 from liger_registry.registry import load_registry
 from liger_registry.registry.loader import Registry
 from liger_registry.testing import tiny_batch, tiny_model

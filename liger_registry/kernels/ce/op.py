@@ -27,9 +27,9 @@ from torch import Tensor
 from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import check_ignore_index, check_logit_factor
 
+from ..backend import OPS, Op, register
 from ..define import _eager_twin, define_op
 from ..loss_grads import check_backward, no_output, scale_unless_one_
-from ..op import OPS, Op, register
 from . import torch_rows
 from .labels import check_labels, start_label_check
 from .triton_rows import ce_rows_for

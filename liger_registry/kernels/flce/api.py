@@ -14,12 +14,12 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from ..backend import Op, register
 from ..ce.labels import start_label_check
 from ..ce.op import CrossEntropyOutput, argmax_mode_for, ce_output, predicted_tokens
 from ..ce.torch_rows import loss_scales
 from ..define import define_op
 from ..loss_grads import check_backward, no_output, scale_unless_one_
-from ..op import Op, register
 from .options import FlceOptions, options_from
 from .planner import FlcePlan, plan_for
 from .run import FlceRun, takes_flat_run

@@ -1,6 +1,6 @@
 """The GLU ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): SwiGLU / GeGLU on
 split gate and up, the gated activations over a fused gate_up (SwiGLU, GeGLU, GPT-OSS's clamped SwiGLU) and
-relu²; and their registered :class:`~..op.Op` (the backend rule of each call).
+relu²; and their registered :class:`~..backend.Op` (the backend rule of each call).
 
 Outputs are written contiguous (rows), whatever the inputs' layout; the split GLU's torch branch makes its
 result contiguous to agree, so its derived fake is exactly the Triton output's layout.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..backend import Op, register
 from ..define import define_op
-from ..op import Op, register
 from . import torch_math as tm
 from . import triton_kernels as tk
 

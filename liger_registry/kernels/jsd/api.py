@@ -17,8 +17,8 @@ from torch import Tensor
 from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import check_chunk_mem_const
 
+from ..backend import Op, register
 from ..define import define_op
-from ..op import Op, register
 from .loop import fljsd_compute
 
 

@@ -1,5 +1,5 @@
 """The norm ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): RMSNorm, LayerNorm
-and the fused residual add + RMSNorm; and their registered :class:`~..op.Op` (the backend rule of each call).
+and the fused residual add + RMSNorm; and their registered :class:`~..backend.Op` (the backend rule of each call).
 
 Outputs are written contiguous (rows), whatever the input's layout: the row kernels write fresh outputs, their
 consumers (linear layers) want rows, and the torch branches make their results contiguous to agree, so the fake
@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..backend import Op, register
 from ..define import _eager_twin, define_op
-from ..op import Op, register
 from . import torch_math as tm
 from . import triton_kernels as tk
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..backend import Op, register
 from ..define import define_op
-from ..op import Op, register
 from . import torch_math, triton_kernels
 
 

@@ -1,4 +1,4 @@
-"""Op interface: each kernel op declares a torch and a Triton implementation; one decision per call picks one.
+"""The backend of every kernel op: what it supports and the one rule that picks Triton or PyTorch per call.
 
 Backend choice, read at call time from ``LIGER_REGISTRY_BACKEND``:
 
