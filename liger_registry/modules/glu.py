@@ -1,10 +1,12 @@
-"""Gated-MLP module forwards (SwiGLU, GeGLU): the projections stay, the activation-times-up is fused."""
+"""Gated-MLP module forwards: SwiGLU / GeGLU over separate gate and up projections or one fused gate_up
+(the projections stay, the split and activation-times-up are one kernel), GPT-OSS's clamped experts gate, relu²."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from liger_registry import kernels
+from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
 from liger_registry.modules.wiring import makes
 from liger_registry.schemas import GluSpec
 
@@ -26,3 +28,60 @@ def swiglu_forward(spec: GluSpec) -> Callable:
 @makes("geglu")
 def geglu_forward(spec: GluSpec) -> Callable:
     return _glu_forward(spec, kernels.geglu)
+
+
+def gate_up_mlp_forward(kind: str, gate_up: str = "gate_up_proj", down: str = "down_proj"):
+    """Forward of an MLP with one fused ``gate_up_proj`` (gate = first half): ``Phi3MLP``, ``GlmMLP``,
+    ``Glm4MLP`` ``.forward``; the projections stay, the split and activation-times-up are one kernel."""
+
+    def forward(self, hidden_states):
+        return getattr(self, down)(glu_fused(getattr(self, gate_up)(hidden_states), kind))
+
+    return forward
+
+
+def experts_apply_gate(kind: str):
+    """``_apply_gate`` of the transformers experts with a fused ``gate_up_proj`` (the default one of
+    ``integrations.moe``: ``act_fn(gate) * up`` after ``chunk(2, -1)``), which the batched_mm / grouped_mm
+    experts implementations call between the expert GEMMs (qwen2_moe, qwen3_moe, qwen3_5_moe, mixtral, ...;
+    their eager loop inlines the split and is not served by this)."""
+
+    def apply_gate(self, gate_up):
+        return glu_fused(gate_up, kind)
+
+    return apply_gate
+
+
+def gpt_oss_apply_gate(self, gate_up):
+    """``GptOssExperts._apply_gate``: every experts implementation of transformers (eager loop, batched and
+    grouped mm) calls it between the expert GEMMs, which stay as they are."""
+    return swiglu_clamped(gate_up, self.limit, self.alpha)
+
+
+def relu_squared_forward(self, input):
+    """``ReLUSquaredActivation.forward`` (``ACT2FN["relu2"]``, nemotron's MLP activation)."""
+    return relu_squared(input)
+
+
+@makes("swiglu", variant="gate_up")
+def swiglu_gate_up_forward(spec):
+    """The swiglu kind's maker when the spec names a fused ``gate_up``."""
+    return gate_up_mlp_forward("swiglu", spec.gate_up, spec.down)
+
+
+@makes("geglu", variant="gate_up")
+def geglu_gate_up_forward(spec):
+    """The geglu kind's maker when the spec names a fused ``gate_up``."""
+    return gate_up_mlp_forward("geglu", spec.gate_up, spec.down)
+
+
+@makes("relu_squared")
+def relu_squared_module_forward(spec):
+    """The relu_squared kind's maker: every target is an activation module, nothing to read from the spec."""
+    return relu_squared_forward
+
+
+@makes("swiglu_clamped")
+def clamped_apply_gate(spec):
+    """The swiglu_clamped kind's maker: GPT-OSS's experts' ``_apply_gate`` (limit and alpha from the module)."""
+    return gpt_oss_apply_gate

@@ -17,7 +17,7 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 
 from liger_registry import kernels as K
 from liger_registry.kernels import glu, triton_utils
-from liger_registry.modules import glu_variants as dropin
+from liger_registry.modules import glu as dropin
 
 DTYPE = torch.float16
 ROWS, COLS = 8, 1000  # 1000 columns: several Triton blocks, the last one masked

@@ -27,7 +27,7 @@ from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
 from liger_registry.kernels.glu.torch_math import glu_fused_torch
 from liger_registry.kernels.norm import add_rms_norm, layer_norm_1p
 from liger_registry.kernels.rope import rope_variant_torch
-from liger_registry.modules import rope_variants as dropin
+from liger_registry.modules import rope as dropin
 
 DEVICE = "cuda"
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

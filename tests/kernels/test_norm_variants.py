@@ -13,7 +13,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
 from liger_registry.kernels.norm import add_rms_norm
-from liger_registry.modules.norm_variants import layer_norm_1p_forward
+from liger_registry.modules.norm import layer_norm_1p_forward
 
 ROWS, H = 13, 40  # 13 rows over 4 backward programs (a ragged last one); 40 columns in a 64-wide block
 ERRORS: dict[str, float] = {}

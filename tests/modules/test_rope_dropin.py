@@ -47,7 +47,7 @@ def test_interleaved_fp32_matches_ernie_in_value_and_dtype(model_type):
     (the plain interleaved drop-in would hand the attention fp32 q/k and break its bf16 o_proj)."""
     import importlib
 
-    from liger_registry.modules.rope_variants import apply_rotary_pos_emb_interleaved_fp32
+    from liger_registry.modules.rope import apply_rotary_pos_emb_interleaved_fp32
 
     hf = importlib.import_module(
         f"transformers.models.{model_type}.modeling_{model_type}"

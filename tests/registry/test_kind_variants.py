@@ -11,7 +11,7 @@ from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.llama4 import modeling_llama4
 from transformers.models.phi3 import modeling_phi3
 
-from liger_registry.modules import glu_variants, rope_variants, wiring
+from liger_registry.modules import glu, rope, wiring
 from liger_registry.registry.loader import load_registry
 from liger_registry.registry.plan import make_plan
 from liger_registry.registry.resolve import resolve
@@ -38,9 +38,9 @@ def test_every_rope_layout_but_rotate_half_has_its_drop_in():
 @pytest.mark.parametrize(
     ("family", "module", "attr", "drop_in"),
     [
-        ("phi3", modeling_phi3, "apply_rotary_pos_emb", rope_variants.apply_rotary_pos_emb_partial),
-        ("gpt_oss", modeling_gpt_oss, "apply_rotary_pos_emb", rope_variants.apply_rotary_pos_emb_half_split),
-        ("llama4_text", modeling_llama4, "apply_rotary_emb", rope_variants.apply_rotary_emb),
+        ("phi3", modeling_phi3, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb_partial),
+        ("gpt_oss", modeling_gpt_oss, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb_half_split),
+        ("llama4_text", modeling_llama4, "apply_rotary_emb", rope.apply_rotary_emb),
     ],
 )
 def test_rope_layout_picks_the_drop_in(family, module, attr, drop_in):
@@ -78,7 +78,7 @@ def test_gpt_oss_experts_get_the_clamped_gate_not_a_forward():
     experts = gates[0].owner
     gate_up = torch.randn(7, 2 * experts.intermediate_size) * 4  # past the clamp limit
     torch.testing.assert_close(gates[0].replacement(gate_up), experts._apply_gate(gate_up), rtol=0, atol=0)
-    assert by_kernel(plan_of("gpt_oss"))["swiglu_clamped"].replacement is glu_variants.gpt_oss_apply_gate
+    assert by_kernel(plan_of("gpt_oss"))["swiglu_clamped"].replacement is glu.gpt_oss_apply_gate
 
 
 def test_nemotron_gets_layer_norm_1p_and_relu_squared():
