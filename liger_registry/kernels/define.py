@@ -32,7 +32,11 @@ def _is_eager(ctx) -> bool:
     return getattr(ctx, "eager", False)
 
 
-def _eager_twin(name: str, impl: Callable, setup: Callable, backward: Callable, aux: Sequence[int]):
+def eager_twin(name: str, impl: Callable, setup: Callable, backward: Callable, aux: Sequence[int] = ()):
+    """The ``autograd.Function`` running ``impl`` with ``setup`` and ``backward`` (``define_op`` makes one per op);
+    public for the eager-only variants of an op (another backward on the same impl, e.g. one that overwrites the
+    incoming gradient, which a traced backward may not)."""
+
     def forward(ctx, *inputs):
         out = impl(*inputs)
         ctx.eager = True
@@ -98,5 +102,5 @@ def define_op(
     if backward is None:
         return KernelOp(name, impl, custom, impl)
     torch.library.register_autograd(f"{NS}::{name}", backward, setup_context=setup)
-    twin = _eager_twin(name, impl, setup, backward, aux)
+    twin = eager_twin(name, impl, setup, backward, aux)
     return KernelOp(name, impl, custom, twin.apply)

@@ -28,7 +28,7 @@ from liger_registry.constants import IGNORE_INDEX
 from liger_registry.limits import check_ignore_index, check_logit_factor
 
 from ..backend import OPS, Op, register
-from ..define import _eager_twin, define_op
+from ..define import define_op, eager_twin
 from ..loss_grads import check_backward, no_output, scale_unless_one_
 from . import torch_rows
 from .labels import check_labels, start_label_check
@@ -277,7 +277,7 @@ CROSS_ENTROPY_FWD = define_op(
     aux=_AUX,
 )
 # the in-place forward is eager only (a compiled graph cannot overwrite its input): an eager twin, no custom op
-_CROSS_ENTROPY_INPLACE = _eager_twin(
+_CROSS_ENTROPY_INPLACE = eager_twin(
     "cross_entropy_inplace", _cross_entropy_inplace_impl, _ce_setup, _ce_backward, _AUX
 ).apply
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ..backend import Op, register
-from ..define import _eager_twin, define_op
+from ..define import define_op, eager_twin
 from . import torch_math as tm
 from . import triton_kernels as tk
 
@@ -111,7 +111,7 @@ rms_norm_fwd = define_op(
 )
 # The same op with the in-place backward, eager only: it overwrites the gradient autograd hands it, which an
 # AOT-traced backward cannot express (the incoming gradients are graph inputs it does not mutate).
-_rms_norm_fwd_in_place_backward = _eager_twin(
+_rms_norm_fwd_in_place_backward = eager_twin(
     "rms_norm_fwd_in_place_backward", _rms_norm_fwd_impl, _rms_setup, _rms_backward_in_place, aux=(1,)
 )
 
