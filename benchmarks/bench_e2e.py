@@ -14,9 +14,16 @@ imported torch and transformers once (it never touches CUDA); --spawn starts eac
 Per run: tokens/s of the median step after the warm-up steps, peak allocated GiB, the loss of every step (same
 seed and data for every method). Table (ours/HF and ours/peer ratios, issue 10's targets) printed last; JSON and
 one PNG (tok/s bars, peak memory bars, loss curves) under $OUT or benchmarks/results/.
+MoE rows (--models, not in the default): `qwen3_moe` (Qwen3-30B-A3B: hidden 2048, 32/4 heads, head_dim 128, 128
+experts top-8 of intermediate 768, vocabulary 151936), `mixtral` (Mixtral-8x7B: hidden 4096, 32/8 heads, 8
+experts top-2 of intermediate 14336, vocabulary 32000), `gpt_oss` (GPT-OSS-20B: hidden 2880, 64/8 heads, head_dim
+64, 32 experts top-4 of intermediate 2880, vocabulary 201088, bf16 weights, eager attention: no SDPA with sinks);
+`hf` runs transformers' default experts implementation (recorded per run), `liger` liger-kernel's
+apply_liger_kernel_to_qwen3_moe / _mixtral (experts -> LigerExperts) / _gpt_oss (no experts kernel: HF's stay).
 
 Usage: python benchmarks/bench_e2e.py [--quick] [--models llama,qwen3] [--layers 2,4] [--tokens 4096,8192]
                                       [--methods hf,liger,ours,ours_tp] [--repeats 2] [--steps 8] [--warmup 3]
+       python benchmarks/bench_e2e.py --models qwen3_moe,mixtral,gpt_oss --layers 4 --tokens 4096
        python benchmarks/bench_e2e.py --cpu-smoke    # tiny dims on CPU, 2 steps, no peer: checks the script
 """
 
@@ -61,6 +68,49 @@ MODELS = {
         rope_theta=1000000.0,
         max_position_embeddings=40960,
     ),
+    # MoE rows: every layer sparse; the router's auxiliary loss stays off (output_router_logits False)
+    "qwen3_moe": dict(  # Qwen3-30B-A3B
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        intermediate_size=6144,  # dense MLP size, unused: no mlp_only_layers
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+    ),
+    "mixtral": dict(  # Mixtral-8x7B
+        model_type="mixtral",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=32000,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+    ),
+    "gpt_oss": dict(  # GPT-OSS-20B, plain bf16 weights (no quantization_config: build_model checks the dtypes)
+        model_type="gpt_oss",
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=201088,
+        # attention sinks: transformers has no SDPA path for GPT-OSS (_supports_sdpa False), every method runs
+        # its eager attention (sliding-window layers too: [heads, T, T] scores per layer)
+        attn_implementation="eager",
+    ),
 }
 SMOKE_DIMS = dict(
     hidden_size=64,
@@ -70,10 +120,22 @@ SMOKE_DIMS = dict(
     head_dim=16,
     vocab_size=512,
 )
+SMOKE_MOE = {  # on top of SMOKE_DIMS for the MoE rows
+    "qwen3_moe": dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+}
 METHODS = ("hf", "liger", "ours", "ours_tp", "hf_compile", "ours_compile")
 CPU_METHODS = ("hf", "ours", "ours_tp")  # no CUDA, no peer
 COMPILED = "_compile"
-PEER_APPLY = {"llama": "apply_liger_kernel_to_llama", "qwen3": "apply_liger_kernel_to_qwen3"}
+PEER_APPLY = {
+    "llama": "apply_liger_kernel_to_llama",
+    "qwen3": "apply_liger_kernel_to_qwen3",
+    "qwen3_moe": "apply_liger_kernel_to_qwen3_moe",  # experts -> LigerExperts (fused MoE)
+    "mixtral": "apply_liger_kernel_to_mixtral",  # experts -> LigerExperts (fused MoE)
+    # 0.8.5: rope, RMSNorm, FLCE; swiglu=False by default and no experts kernel: HF's experts stay
+    "gpt_oss": "apply_liger_kernel_to_gpt_oss",
+}
 TARGETS = "ours >= 1.0x HF tok/s, >= 1.1x liger tok/s, peak <= liger + 0.25 GiB, ours_compile >= 1.0x hf_compile tok/s"
 
 
@@ -165,14 +227,19 @@ def build_model(job: dict, device: str):
 
     dims = dict(MODELS[job["model"]])
     model_type = dims.pop("model_type")
+    attn = dims.pop("attn_implementation", "sdpa")
     if job["smoke"]:
-        dims.update(SMOKE_DIMS)
+        dims.update(SMOKE_DIMS, **SMOKE_MOE.get(job["model"], {}))
     config = AutoConfig.for_model(
         model_type, num_hidden_layers=job["layers"], tie_word_embeddings=False, use_cache=False, **dims
     )
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=job["dtype"], attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=job["dtype"], attn_implementation=attn)
+    dtypes = {p.dtype for p in model.parameters()}
+    quant = getattr(model, "hf_quantizer", None) or getattr(config, "quantization_config", None)
+    if dtypes != {job["dtype"]} or quant is not None:  # e.g. GPT-OSS built quantized (MXFP4) instead of bf16
+        raise RuntimeError(f"{job['model']}: parameters {sorted(map(str, dtypes))}, quantization {quant}")
     return model.train(), config
 
 
@@ -263,8 +330,10 @@ def run_job(job: dict) -> dict:
     out: dict = {"import_s": time.perf_counter() - t0}
     try:
         t = time.perf_counter()
-        model, _ = build_model(job, device)
+        model, config = build_model(job, device)
         out["build_s"] = time.perf_counter() - t
+        if getattr(config, "_experts_implementation", None):  # MoE: what transformers' experts run (hf rows)
+            out["hf_experts_implementation"] = config._experts_implementation
         t = time.perf_counter()
         out.update(patch(job, model))
         if job["method"].endswith(COMPILED):
@@ -302,8 +371,11 @@ def preimport(smoke: bool) -> None:
     """Import once what every forked process needs, without initialising CUDA (a fork after that breaks it)."""
     os.environ[NVML_CHECK] = "1"
     import torch
+    import transformers.models.gpt_oss.modeling_gpt_oss  # noqa: F401
     import transformers.models.llama.modeling_llama  # noqa: F401
+    import transformers.models.mixtral.modeling_mixtral  # noqa: F401
     import transformers.models.qwen3.modeling_qwen3  # noqa: F401
+    import transformers.models.qwen3_moe.modeling_qwen3_moe  # noqa: F401
 
     import liger_registry  # noqa: F401
     import liger_registry.kernels  # noqa: F401
@@ -487,7 +559,8 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
         f"tok/s: mean of {meta['repeats']} process(es), median step after {meta['warmup']} of {meta['steps']}; "
         f"peak: max allocated GiB; targets: {TARGETS}"
     )
-    head = f"{'model':<6}{'L':>2}{'tokens':>7} |" + "".join(f"{m:>8}" for m in methods)
+    w = max([6] + [len(row["model"]) for row in rows])
+    head = f"{'model':<{w}}{'L':>2}{'tokens':>7} |" + "".join(f"{m:>8}" for m in methods)
     head += f" |{'ours/hf':>8}{'ours/lk':>8}{'tp/hf':>7}{'tp/lk':>7}{'oc/hc':>7} | peak GiB" + "".join(
         f"{m:>8}" for m in methods
     )
@@ -495,7 +568,7 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
     print(head)
     for row in rows:
         ms = row["methods"]
-        line = f"{row['model']:<6}{row['layers']:>2}{row['tokens']:>7} |"
+        line = f"{row['model']:<{w}}{row['layers']:>2}{row['tokens']:>7} |"
         line += "".join(f"{kfmt(ms.get(m, {}).get('tps')):>8}" for m in methods)
         r = row["ratios"]
         line += (
@@ -581,7 +654,7 @@ def main(argv=None) -> int:
     env = next((r["env"] for r in runs if "env" in r), {})
     title = (
         f"training step (fwd, bwd, AdamW {args.optimizer}), {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}, "
-        f"SDPA, batch "
+        f"{'SDPA (gpt_oss: eager)' if 'gpt_oss' in args.models.split(',') else 'SDPA'}, batch "
         f"{args.batch}; {env.get('device', 'cpu')}, torch {env.get('torch')}, transformers "
         f"{env.get('transformers')}"
     )

@@ -23,6 +23,7 @@ from .flce.planner import FlcePlan, flce_chunk_geometry, flce_plan
 from .glu import geglu, glu_fused, relu_squared, swiglu, swiglu_clamped
 from .jsd.api import FusedLinearJSDFunction
 from .jsd.api import fused_linear_jsd as fused_linear_jsd
+from .moe import moe_experts
 from .norm import add_rms_norm, layer_norm, layer_norm_1p, rms_norm
 from .rope import rope, rope_variant
 
@@ -50,6 +51,7 @@ __all__ = [
     "glu_fused",
     "layer_norm",
     "layer_norm_1p",
+    "moe_experts",
     "register",
     "relu_squared",
     "requested_backend",

@@ -51,7 +51,8 @@ class Plan:
 
 def _activation_problem(kind: KernelKind, spec: Any, config: Any) -> str | None:
     """The config's activation, read through the spec's act_config_attr, must be one the kernel computes."""
-    if not kind.activations or config is None or spec.act_config_attr is None:
+    activations = getattr(spec, "activations", kind.activations)
+    if not activations or config is None or spec.act_config_attr is None:
         return None
     names = [spec.act_config_attr] if isinstance(spec.act_config_attr, str) else spec.act_config_attr
     attr = next((n for n in names if getattr(config, n, None) is not None), None)
@@ -61,9 +62,9 @@ def _activation_problem(kind: KernelKind, spec: Any, config: Any) -> str | None:
             "such attribute, so the activation cannot be checked"
         )
     act = getattr(config, attr)
-    if act in kind.activations:
+    if act in activations:
         return None
-    return f"{kind.name}: the config's {attr} is {act!r}; the kernel computes {kind.activations[0]}"
+    return f"{kind.name}: the config's {attr} is {act!r}; the kernel computes {activations[0]}"
 
 
 def _module_kernel(

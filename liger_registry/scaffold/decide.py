@@ -236,6 +236,63 @@ def decide_clamped_gate(captured: Captured) -> Verdict:
     return verdict
 
 
+def is_experts_candidate(cls: type) -> bool:
+    """A transformers experts module: ``use_experts_implementation`` wrapped its forward and gave it a gate."""
+    return callable(getattr(cls, "_apply_gate", None)) and hasattr(cls.forward, "__wrapped__")
+
+
+def _routing_inputs(instance: nn.Module, captured: Captured, generator: torch.Generator) -> tuple:
+    """A forward pass's (hidden_states, top_k_index, top_k_weights), else random routing over every expert."""
+    if captured.inputs and len(captured.inputs[0]) >= 3:
+        return captured.inputs[0][:3]
+    n_experts, hidden = instance.gate_up_proj.shape[0], instance.down_proj.shape[1]
+    if getattr(instance, "is_transposed", False):
+        hidden = instance.down_proj.shape[2]
+    weights, index = torch.rand(6, n_experts, generator=generator).softmax(-1).topk(min(2, n_experts), -1)
+    return torch.randn(6, hidden, generator=generator), index, weights
+
+
+def _experts_gate_error(instance: nn.Module, inputs: tuple, gate: str) -> float:
+    from liger_registry.modules.moe import experts_forward
+
+    with torch.no_grad():
+        try:
+            got = experts_forward(instance, *inputs, gate)
+        except (TypeError, ValueError, NotImplementedError, AttributeError):
+            return float("inf")
+        return rel_err(got, instance(*inputs))
+
+
+def decide_moe_experts(captured: Captured, config: Any) -> Verdict:
+    """moe_experts when the grouped-GEMM forward reproduces the experts module's own forward (fp32, the pass's
+    routing) with one of the gates; the gate and the config attribute naming its activation go into the spec."""
+    from liger_registry.schemas.kernels import MOE_GATES
+
+    name = captured.cls.__name__
+    verdict = Verdict("moe_experts", captured.target or name)
+    generator = torch.Generator().manual_seed(0)
+    instances = captured.instances[:3]
+    errors = {}
+    for gate in MOE_GATES:
+        errors[gate] = max(
+            _experts_gate_error(m, _routing_inputs(m, captured, generator), gate) for m in instances
+        )
+        if errors[gate] <= FP32_TOL:
+            break
+    else:
+        shown = ", ".join(f"{g} {e:.2g}" for g, e in errors.items())
+        verdict.reason = f"the grouped-GEMM experts do not reproduce {name}.forward with any gate ({shown})"
+        return verdict
+    if gate == "clamped_swiglu":
+        verdict.spec = {"gate": gate, "act_config_attr": None}
+        return verdict
+    attr = next((a for a in ACT_CONFIG_ATTRS if getattr(config, a, None) in MOE_GATES[gate]), None)
+    verdict.spec = {"gate": gate} if attr == "hidden_act" else {"gate": gate, "act_config_attr": attr}
+    if gate == "swiglu":
+        verdict.spec.pop("gate")
+    return verdict
+
+
 def glu_projections(module: nn.Module) -> tuple[str, str, str] | None:
     for names in GLU_PROJECTIONS:
         if all(isinstance(getattr(module, n, None), nn.Linear) for n in names):

@@ -331,7 +331,9 @@ def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
     notes = []
     for name, captured in module_classes(model, lambda cls: True).items():
         module = captured.instances[0]
-        if "Expert" in name and any(p.dim() == 3 for p in module.parameters(recurse=False)):
+        if decide.is_experts_candidate(captured.cls):
+            notes.append(f"the routed experts are one fused {name} module (3-D weights): see moe_experts")
+        elif "Expert" in name and any(p.dim() == 3 for p in module.parameters(recurse=False)):
             notes.append(f"the routed experts are one fused {name} module (3-D weights): no GLU target")
         elif "Expert" in name and any(p.dim() == 2 for p in module.parameters(recurse=False)):
             notes.append(
@@ -361,9 +363,10 @@ def norm_and_mlp_verdicts(
     model: nn.Module, config: Any, run, source: ModelSource
 ) -> tuple[list[decide.Verdict], list[str]]:
     norms, mlps, activations = _leaf_norms(model), _gated_mlps(model), _activations(model)
-    for captured in (*norms.values(), *mlps.values(), *activations.values()):
+    experts = module_classes(model, decide.is_experts_candidate)
+    for captured in (*norms.values(), *mlps.values(), *activations.values(), *experts.values()):
         captured.target = target_name(captured.cls, source.module)
-    capture_inputs(model, {**norms, **mlps, **activations}, run)
+    capture_inputs(model, {**norms, **mlps, **activations, **experts}, run)
     verdicts = []
     for captured in norms.values():
         has_bias = isinstance(getattr(captured.instances[0], "bias", None), nn.Parameter)
@@ -375,6 +378,7 @@ def norm_and_mlp_verdicts(
         verdicts.append(verdict)
     verdicts += [decide.decide_glu(captured, config) for captured in mlps.values()]
     verdicts += [v for c in activations.values() if (v := decide.decide_relu_squared(c)) is not None]
+    verdicts += [decide.decide_moe_experts(captured, config) for captured in experts.values()]
     for captured in _clamped_gates(model).values():
         captured.target = target_name(captured.cls, source.module)
         verdicts.append(decide.decide_clamped_gate(captured))
@@ -443,7 +447,15 @@ def _kernels(verdicts: list[decide.Verdict], rope: decide.Verdict, notes: list[s
     ):
         for verdict in glu_failures:
             verdict.kernel = "geglu"  # report an unfit MLP under the kernel its siblings get
-    for kernel in ("rms_norm", "layer_norm", "swiglu", "geglu", "relu_squared", "swiglu_clamped"):
+    for kernel in (
+        "moe_experts",
+        "rms_norm",
+        "layer_norm",
+        "swiglu",
+        "geglu",
+        "relu_squared",
+        "swiglu_clamped",
+    ):
         if (section := _section(verdicts, kernel, notes)) is not None:
             kernels[kernel] = section
     if rope.ok:

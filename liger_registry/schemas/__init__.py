@@ -7,6 +7,7 @@ from liger_registry.schemas.kernels import (
     CrossEntropySpec,
     GluSpec,
     LayerNormSpec,
+    MoeExpertsSpec,
     RmsNormSpec,
     RopeSpec,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "KernelsPatch",
     "KernelsSpec",
     "LayerNormSpec",
+    "MoeExpertsSpec",
     "Overrides",
     "PolicyFile",
     "RmsNormSpec",

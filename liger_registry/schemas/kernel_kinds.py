@@ -19,6 +19,7 @@ from liger_registry.schemas.kernels import (
     KernelSpec,
     LayerNormSpec,
     ModuleKernelSpec,
+    MoeExpertsSpec,
     RmsNormSpec,
     RopeSpec,
 )
@@ -141,6 +142,15 @@ KINDS: dict[str, KernelKind] = {
             liger_key=None,
             attributes=(),
             method="_apply_gate",
+        ),
+        KernelKind(
+            "moe_experts",
+            MoeExpertsSpec,
+            "module forward",
+            "Grouped-GEMM MoE experts (one launch per GEMM over every expert, the gate fused into the gate/up "
+            "GEMM, the routing weights into the down GEMM) in the listed experts classes.",
+            liger_key=None,
+            attributes=("gate_up", "down"),
         ),
     )
 }

@@ -30,9 +30,16 @@ ROPE_LAYOUTS: dict[str, str] = {
 }
 RopeLayout = Literal[tuple(ROPE_LAYOUTS)]
 # Sections of registry/defaults.yaml the specs read their defaults from.
-RMS_NORM, ROPE, GLU, LAYER_NORM = (
-    f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm")
+RMS_NORM, ROPE, GLU, LAYER_NORM, MOE_EXPERTS = (
+    f"kernels.{section}." for section in ("rms_norm", "rope", "glu", "layer_norm", "moe_experts")
 )
+# The gate each experts kernel computes between its two GEMMs, and the config activations it stands for
+# (GPT-OSS's clamped SwiGLU hard-codes its activation: nothing to check in the config).
+MOE_GATES: dict[str, tuple[str, ...]] = {
+    "swiglu": ("silu", "swish"),
+    "geglu": ("gelu_pytorch_tanh", "gelu_tanh"),
+    "clamped_swiglu": (),
+}
 # \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
 _TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*\Z")
 
@@ -148,6 +155,39 @@ class GluSpec(ModuleKernelSpec):
         if self.gate_up is None:
             return super().module_attributes(fields)
         return [(self.gate_up,), (self.down,)]
+
+
+class MoeExpertsSpec(ModuleKernelSpec):
+    """The experts of a mixture of experts: a transformers experts module (``use_experts_implementation``) with
+    stacked ``gate_up`` [E, 2I, H] and ``down`` [E, H, I] weights (or their transposes) whose forward
+    ``(hidden_states, top_k_index, top_k_weights)`` the grouped-GEMM kernel replaces; parameters, names and state
+    dict unchanged. The router is not touched."""
+
+    gate: Literal[tuple(MOE_GATES)] = Field(
+        default(MOE_EXPERTS + "gate"),
+        description="The gate between the GEMMs: swiglu / geglu over a [gate | up] split (transformers' default "
+        "_apply_gate), or clamped_swiglu (GPT-OSS's _apply_gate: interleaved pairs, the module's limit and alpha).",
+    )
+    gate_up: str = Field(
+        default(MOE_EXPERTS + "gate_up"), description="Attribute holding the gate/up weights."
+    )
+    down: str = Field(default(MOE_EXPERTS + "down"), description="Attribute holding the down weights.")
+    act_config_attr: str | list[str] | None = Field(
+        default(MOE_EXPERTS + "act_config_attr"),
+        description="Config attribute naming the experts' activation, checked against the gate (see GluSpec); "
+        "null for clamped_swiglu, whose activation is fixed.",
+    )
+
+    @property
+    def activations(self) -> tuple[str, ...]:
+        """The config activations this spec's gate computes (the plan checks the config against them)."""
+        return MOE_GATES[self.gate]
+
+    @model_validator(mode="after")
+    def _clamped_has_no_config_activation(self):
+        if self.gate == "clamped_swiglu" and self.act_config_attr is not None:
+            raise ValueError("gate clamped_swiglu computes a fixed activation: set act_config_attr: null")
+        return self
 
 
 class LayerNormSpec(ModuleKernelSpec):

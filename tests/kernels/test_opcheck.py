@@ -403,7 +403,53 @@ def _variant_cases() -> list[Case]:
     return cases
 
 
-CASES = _norm_cases() + _rope_cases() + _glu_cases() + _loss_cases() + _variant_cases()
+def _moe_cases() -> list[Case]:
+    """The experts op and its backward: stacked weights in both layouts (transposed: GPT-OSS, with biases and
+    the clamped gate), hidden rows contiguous or a slice of a wider buffer, an expert without tokens."""
+    from liger_registry.kernels.moe.routing import route
+
+    t, h, inter, e, k = 7, 24, 20, 4, 2
+    idx = torch.tensor(
+        [[0, 1], [1, 0], [0, 3], [3, 1], [1, 0], [0, 3], [3, 1]], device=DEVICE
+    )  # expert 2 idle
+
+    def args(layout, transposed, backend, grad=True):
+        x = (
+            rand(t, h, seed=1, grad=grad)
+            if layout == "contiguous"
+            else strided_rows((t, h), seed=1, grad=grad)
+        )
+        table = route(idx, e, block_m=4)
+        w = rand(t * k, seed=2, grad=grad)
+        shapes = ((e, h, 2 * inter), (e, inter, h)) if transposed else ((e, 2 * inter, h), (e, h, inter))
+        w_gu, w_d = rand(*shapes[0], seed=3, grad=grad), rand(*shapes[1], seed=4, grad=grad)
+        b_gu = rand(e, 2 * inter, seed=5, grad=grad) if transposed else None
+        b_d = rand(e, h, seed=6, grad=grad) if transposed else None
+        act = "clamped_swiglu" if transposed else "swiglu"
+        routing = (table.src, table.dest, table.offsets, table.blocks, table.block_m, k)
+        return (x, w, w_gu, w_d, b_gu, b_d, *routing, act, 7.0, 1.702, not transposed, backend)
+
+    def fwd(backend, layout, transposed):
+        return args(layout, transposed, backend)
+
+    def bwd(backend, layout, transposed):
+        fwd_args = args(layout, transposed, backend, grad=False)
+        x, w, w_gu, w_d, b_gu, b_d, *rest = fwd_args
+        _, gate_up, act = OPS.moe_experts(*fwd_args)
+        return (rand(t, h, seed=7), x, w, w_gu, w_d, b_gu, b_d, gate_up, act, *rest)
+
+    cases = []
+    for layout in ("contiguous", "strided-rows"):
+        for transposed in (False, True):
+            name = f"{layout}-{'transposed-bias-clamped' if transposed else 'swiglu'}"
+            cases.append(Case("moe_experts", name, BOTH, lambda b, lo=layout, tr=transposed: fwd(b, lo, tr)))
+            cases.append(
+                Case("moe_experts_bwd", name, BOTH, lambda b, lo=layout, tr=transposed: bwd(b, lo, tr))
+            )
+    return cases
+
+
+CASES = _norm_cases() + _rope_cases() + _glu_cases() + _loss_cases() + _variant_cases() + _moe_cases()
 PARAMS = [pytest.param(c, b, id=f"{c.id}-{b}") for c in CASES for b in c.backends]
 
 

@@ -1,0 +1,151 @@
+"""The MoE experts op, defined once with ``define_op`` (custom op, fake, autograd, eager twin): forward and
+backward each one op over the sorted rows of a :class:`~.routing.Route`, Triton grouped GEMMs or the PyTorch
+per-expert loop; and its registered :class:`~..backend.Op`.
+
+Forward outputs: the experts' result [T, H] and, for the backward, the gate/up projection [S, 2I] and the gated
+activation [S, I] of each sorted row (the activation is recomputed from gate/up where the backward needs its
+value, never stored twice). The routing weights enter sorted by row (a differentiable gather outside the op).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..backend import Op, register
+from ..define import define_op
+from . import torch_math as tm
+from . import triton_kernels as tk
+from .routing import Route
+
+
+def _inter(w_gu: Tensor, out_first: bool) -> int:
+    return (w_gu.shape[1] if out_first else w_gu.shape[2]) // 2
+
+
+def _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, route: Route, top_k, act, limit, alpha, out_first):
+    n_rows, hidden, inter = route.src.shape[0], x.shape[1], _inter(w_gu, out_first)
+    gate_up = x.new_empty(n_rows, 2 * inter)
+    h = x.new_empty(n_rows, inter)
+    glu = dict(act=act, interleaved=act == "clamped_swiglu", limit=limit, alpha=alpha)
+    tk.rows_gemm(
+        tk.GLU_FWD, x, route.src, w_gu, out_first, inter, route, out=gate_up, out2=h, bias=b_gu, **glu
+    )
+    buf = torch.empty(n_rows, hidden, dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
+    tk.rows_gemm(
+        tk.SCATTER_WEIGHTED, h, None, w_d, out_first, hidden, route, out=buf, bias=b_d, weights=weights
+    )
+    return buf.view(-1, top_k, hidden).sum(1).to(x.dtype), gate_up, h
+
+
+def _fwd_impl(
+    x: Tensor, weights: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Tensor | None, b_d: Tensor | None,
+    src: Tensor, dest: Tensor, offsets: Tensor, blocks: Tensor, block_m: int, top_k: int,
+    act: str, limit: float, alpha: float, out_first: bool, backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    if backend == "torch":
+        return tm.experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, top_k, act, limit, alpha,
+                              out_first)  # fmt: skip
+    route = Route(src, dest, offsets, blocks, block_m)
+    return _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, route, top_k, act, limit, alpha, out_first)
+
+
+def _fwd_fake(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, blocks, block_m, top_k, act, limit, alpha,
+              out_first, backend):  # fmt: skip
+    inter = _inter(w_gu, out_first)
+    n_rows = src.shape[0]
+    return x.new_empty(x.shape), x.new_empty(n_rows, 2 * inter), x.new_empty(n_rows, inter)
+
+
+def _down_bias_term(dout, b_d, route: Route) -> Tensor:
+    """``dot(dout[token], b_d[expert])`` of each sorted row: the down bias's share of the routing weight's
+    gradient (the kernel's partials hold the GEMM's)."""
+    counts = route.offsets[1:] - route.offsets[:-1]
+    experts = torch.arange(counts.shape[0], device=dout.device)
+    row_expert = torch.repeat_interleave(experts, counts, output_size=route.src.shape[0])
+    return (dout[route.src.long()].float() * b_d[row_expert].float()).sum(-1)
+
+
+def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route, top_k, act, limit, alpha,
+                out_first):  # fmt: skip
+    dout = dout.contiguous()
+    n_rows, hidden, inter = route.src.shape[0], x.shape[1], h.shape[1]
+    glu = dict(act=act, interleaved=act == "clamped_swiglu", limit=limit, alpha=alpha)
+    dgu = torch.empty_like(gate_up)
+    part = torch.zeros(tk.col_blocks(inter), n_rows, dtype=torch.float32, device=x.device)
+    tk.rows_gemm(tk.GLU_BWD, dout, route.src, w_d, not out_first, inter, route, out=dgu, weights=weights,
+                 aux=gate_up, part=part, **glu)  # fmt: skip
+    d_weights = part.sum(0)
+    if b_d is not None:
+        d_weights = d_weights + _down_bias_term(dout, b_d, route)
+    buf = x.new_empty(n_rows, hidden)
+    tk.rows_gemm(tk.SCATTER, dgu, None, w_gu, not out_first, hidden, route, out=buf)
+    dx = buf.view(-1, top_k, hidden).sum(1).to(x.dtype)
+    dw_gu, dw_d = torch.empty_like(w_gu), torch.empty_like(w_d)
+    db_gu = torch.empty_like(b_gu) if b_gu is not None else x.new_empty(0)
+    db_d = torch.empty_like(b_d) if b_d is not None else x.new_empty(0)
+    tk.wgrad_gemm(dgu, None, x, route.src, route, out=dw_gu, out_first=out_first,
+                  dbias=db_gu if b_gu is not None else None)  # fmt: skip
+    tk.wgrad_gemm(dout, route.src, h, None, route, out=dw_d, out_first=out_first, scale=weights,
+                  dbias=db_d if b_d is not None else None)  # fmt: skip
+    return dx, d_weights, dw_gu, dw_d, db_gu, db_d
+
+
+def _bwd_impl(
+    dout: Tensor, x: Tensor, weights: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Tensor | None, b_d: Tensor | None,
+    gate_up: Tensor, h: Tensor, src: Tensor, dest: Tensor, offsets: Tensor, blocks: Tensor, block_m: int,
+    top_k: int, act: str, limit: float, alpha: float, out_first: bool, backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    if backend == "torch":
+        return tm.experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, top_k,
+                              act, limit, alpha, out_first)  # fmt: skip
+    route = Route(src, dest, offsets, blocks, block_m)
+    return _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route, top_k, act, limit, alpha,
+                       out_first)  # fmt: skip
+
+
+def _bwd_fake(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, *rest):
+    def bias_grad(b):
+        return torch.empty_like(b) if b is not None else x.new_empty(0)
+
+    d_weights = torch.empty(weights.shape, dtype=torch.float32, device=x.device)
+    return torch.empty_like(x), d_weights, torch.empty_like(w_gu), torch.empty_like(w_d), bias_grad(b_gu), \
+        bias_grad(b_d)  # fmt: skip
+
+
+experts_bwd = define_op("moe_experts_bwd", _bwd_impl, fake=_bwd_fake)
+
+
+def _setup(ctx, inputs, output):
+    x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, blocks, *consts = inputs
+    _, gate_up, h = output
+    ctx.save_for_backward(x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, blocks)
+    ctx.consts = tuple(consts)
+
+
+def _backward(ctx, dout, _d_gate_up, _d_h):
+    x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, blocks = ctx.saved_tensors
+    dx, d_weights, dw_gu, dw_d, db_gu, db_d = experts_bwd.from_backward(
+        ctx, dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, blocks, *ctx.consts
+    )
+    db_gu = db_gu if b_gu is not None else None
+    db_d = db_d if b_d is not None else None
+    return (dx, d_weights.to(weights.dtype), dw_gu, dw_d, db_gu, db_d, *([None] * (4 + len(ctx.consts))))
+
+
+experts_fwd = define_op(
+    "moe_experts", _fwd_impl, setup=_setup, backward=_backward, fake=_fwd_fake, aux=(1, 2)
+)
+
+
+def _call(backend: str):
+    def run(x, weights, w_gu, w_d, b_gu, b_d, route: Route, top_k, act, limit, alpha, out_first):
+        out, _, _ = experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, route.src, route.dest, route.offsets,
+                                route.blocks, route.block_m, top_k, act, float(limit), float(alpha), out_first,
+                                backend)  # fmt: skip
+        return out
+
+    return run
+
+
+MOE_EXPERTS = register(Op("moe_experts", torch_impl=_call("torch"), triton_impl=_call("triton")))

@@ -1,0 +1,139 @@
+"""MoE experts (kernels/moe) against a per-token PyTorch reference: both backends (Triton through the interpreter
+on CPU), every gate, both weight layouts, biases, an expert without tokens, fp32 forward and every gradient;
+the routing table's blocks; argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from liger_registry import kernels as K
+from liger_registry.kernels import triton_utils
+from liger_registry.kernels.moe import moe_experts
+from liger_registry.kernels.moe.routing import route
+
+T, H, INTER, E, TOP_K = 37, 24, 20, 5, 2
+LIMIT, ALPHA = 1.5, 1.702
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request, monkeypatch):
+    if request.param == "triton" and not triton_utils.INTERPRET_AT_IMPORT:
+        pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
+    monkeypatch.setenv(K.ENV_VAR, request.param)
+    return request.param
+
+
+def _gate(gu: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "clamped_swiglu":
+        g, u = gu[::2].clamp(max=LIMIT), gu[1::2].clamp(-LIMIT, LIMIT)
+        return (u + 1) * g * torch.sigmoid(g * ALPHA)
+    g, u = gu.chunk(2)
+    return (F.silu(g) if act == "swiglu" else F.gelu(g, approximate="tanh")) * u
+
+
+def reference(x, idx, w, w_gu, w_d, b_gu, b_d, act, transposed):
+    """Token by token, slot by slot: what every experts implementation computes."""
+    rows = []
+    for t in range(x.shape[0]):
+        acc = torch.zeros_like(x[t])
+        for k in range(idx.shape[1]):
+            e = int(idx[t, k])
+            gu = x[t] @ (w_gu[e] if transposed else w_gu[e].t())
+            gu = gu if b_gu is None else gu + b_gu[e]
+            y = _gate(gu, act) @ (w_d[e] if transposed else w_d[e].t())
+            acc = acc + w[t, k] * (y if b_d is None else y + b_d[e])
+        rows.append(acc)
+    return torch.stack(rows)
+
+
+def _inputs(act: str, transposed: bool, bias: bool, idle_expert: int | None = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).requires_grad_()
+    idx = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(T)])
+    if idle_expert is not None:
+        idx[idx == idle_expert] = (idle_expert + 1) % E
+    w = torch.rand(T, TOP_K, generator=g).requires_grad_()
+    gu_shape, d_shape = (
+        ((E, H, 2 * INTER), (E, INTER, H)) if transposed else ((E, 2 * INTER, H), (E, H, INTER))
+    )
+    w_gu = (torch.randn(gu_shape, generator=g) * 0.2).requires_grad_()
+    w_d = (torch.randn(d_shape, generator=g) * 0.2).requires_grad_()
+    b_gu = (torch.randn(E, 2 * INTER, generator=g) * 0.1).requires_grad_() if bias else None
+    b_d = (torch.randn(E, H, generator=g) * 0.1).requires_grad_() if bias else None
+    return x, idx, w, w_gu, w_d, b_gu, b_d
+
+
+CASES = [
+    ("swiglu", False, False),
+    ("geglu", False, False),
+    ("swiglu", True, True),
+    ("clamped_swiglu", True, True),  # GPT-OSS: interleaved pairs, transposed weights, biases
+    ("clamped_swiglu", False, False),
+]
+
+
+@pytest.mark.parametrize(("act", "transposed", "bias"), CASES)
+def test_forward_and_gradients_match_the_reference(backend, act, transposed, bias):
+    x, idx, w, w_gu, w_d, b_gu, b_d = _inputs(act, transposed, bias)
+    out = moe_experts(
+        x, idx, w, w_gu, w_d, b_gu, b_d, act=act, limit=LIMIT, alpha=ALPHA, transposed=transposed
+    )
+    want = reference(x, idx, w, w_gu, w_d, b_gu, b_d, act, transposed)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    params = [p for p in (x, w, w_gu, w_d, b_gu, b_d) if p is not None]
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    got = torch.autograd.grad(out, params, dy)
+    ref = torch.autograd.grad(want, params, dy)
+    for name, a, b in zip(("x", "w", "w_gu", "w_d", "b_gu", "b_d"), got, ref, strict=False):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d {name}: {m}")
+    assert not w_gu.grad_fn and got[2][3].abs().sum() == 0, "the idle expert's weight gradient must be zero"
+
+
+def test_strided_hidden_rows_and_fp32_routing_weights_with_half_activations(backend):
+    """Hidden states whose rows are a slice of a wider buffer; fp16 activations with fp32 routing weights (the
+    product is promoted, as transformers' experts promote it)."""
+    if backend == "triton":
+        dtype = torch.float16
+    else:
+        dtype = torch.float32
+    x, idx, w, w_gu, w_d, _, _ = _inputs("swiglu", False, False)
+    wide = torch.randn(T, 2 * H).to(dtype)
+    xs = wide[:, :H]
+    args = (idx, w.detach(), w_gu.detach().to(dtype), w_d.detach().to(dtype))
+    out = moe_experts(xs, *args)
+    want = reference(xs.float(), idx, w.detach(), w_gu.detach(), w_d.detach(), None, None, "swiglu", False)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_routing_table_covers_every_row_once_with_idle_blocks_last():
+    idx = torch.tensor([[0, 2], [2, 0], [2, 4], [0, 2]])
+    table = route(idx, 5, block_m=2)
+    expert, first, end = table.blocks.tolist()
+    live = [(e, f, n) for e, f, n in zip(expert, first, end, strict=True) if e >= 0]
+    rows = sorted(r for _, f, n in live for r in range(f, min(f + 2, n)))
+    assert rows == list(range(idx.numel()))
+    assert table.blocks.shape[1] == 8 // 2 + 5  # the static bound: cdiv(S, block_m) + E
+    assert expert[len(live) :] == [-1] * (table.blocks.shape[1] - len(live))
+    assert table.offsets.tolist() == [0, 3, 3, 7, 7, 8]
+    flat = idx.reshape(-1)
+    assert flat[table.dest.long()].tolist() == sorted(flat.tolist())
+    assert (table.src.long() == table.dest.long() // 2).all()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"act": "relu"}, "act='relu'"),
+        ({"w_d": torch.randn(E, H + 1, INTER)}, "do not fit hidden"),
+        ({"idx": torch.zeros(T, TOP_K)}, "must hold integers"),
+        ({"b_gu": torch.randn(E, 3)}, "gate_up_bias"),
+    ],
+)
+def test_bad_arguments_raise_every_problem(change, message):
+    x, idx, w, w_gu, w_d, b_gu, b_d = _inputs("swiglu", False, False)
+    args = {"idx": idx, "w_d": w_d, "b_gu": b_gu, "act": "swiglu", **change}
+    with pytest.raises(ValueError, match=message):
+        moe_experts(x, args["idx"], w, w_gu, args["w_d"], args["b_gu"], None, act=args["act"])
