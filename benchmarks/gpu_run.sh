@@ -13,6 +13,8 @@
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
 #   e2e-compile    bench_e2e.py: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts
 #   ops            benchmarks/bench_ops.py
+#   moe            MoE experts: bf16 GPU tests (tests/kernels/test_moe.py), benchmarks/probe_moe_kernels.py (ours vs
+#                  grouped_mm, numerics vs fp32) and benchmarks/bench_moe.py (MOE_ARGS)
 #   compile        benchmarks/compile_families.py (every family's tiny model, inductor vs eager; one run, 8 worker processes)
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
@@ -69,6 +71,10 @@ for p in ${*:-tests flce e2e}; do
     e2e-compile) part e2e-compile "${T_E2E:-400}" 30 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) \
                    --layers 2 --tokens 4096 --repeats 1 --methods hf,hf_compile,ours,ours_compile,liger $E2E_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
+    moe) part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
+           tests/modules/test_moe_forward.py
+         part moe-probe "${T_MOE:-150}" 40 python3 benchmarks/probe_moe_kernels.py --tokens 4096,16384
+         part moe-bench "${T_MOE_BENCH:-300}" 60 python3 benchmarks/bench_moe.py $MOE_ARGS ;;
     compile) t=$(( ${T_COMPILE:-300} < $(left) ? ${T_COMPILE:-300} : $(left) ))
              part compile "$t" 85 python3 benchmarks/compile_families.py --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \

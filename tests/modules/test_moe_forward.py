@@ -128,3 +128,24 @@ def test_routing_arguments_by_keyword_under_either_name(monkeypatch):
     torch.testing.assert_close(module(x, top_k_index=idx, top_k_weights=w), want, rtol=1e-5, atol=1e-5)
     with pytest.raises(TypeError, match="routing indices and weights are required"):
         module(x)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral"])
+def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch):
+    """apply() on a tiny model: every experts module's forward goes through moe_experts (counted), and revert
+    gives transformers' forward back."""
+    import liger_registry
+    from liger_registry.modules import moe
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    calls = []
+    real = moe.moe_experts
+    monkeypatch.setattr(moe, "moe_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = tiny_model(model_type)
+    handle = liger_registry.apply(model)
+    model(**tiny_batch(model))
+    n_experts = sum(1 for m in model.modules() if type(m).__name__.endswith("Experts"))
+    assert n_experts and len(calls) == n_experts
+    handle.revert()
+    model(**tiny_batch(model))
+    assert len(calls) == n_experts
