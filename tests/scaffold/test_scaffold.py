@@ -54,7 +54,14 @@ def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type)
     LayerNorm1P, relu²), gpt_oss (half-split rope, clamped experts gate), llama4 (complex rope): the draft turns
     on the same kernels on the same targets with the same variant options as the entries written by hand."""
     drafted, hand = draft(model_type).entry, BUNDLED.family_for(model_type).entry
-    assert _kernels(drafted) == _kernels(hand)
+
+    # moe_experts: the draft proves it exact; gpt_oss ships it off for speed (its entry's reason), not numerics
+    def others(entry):
+        return {k: v for k, v in _kernels(entry).items() if k != "moe_experts"}
+
+    assert others(drafted) == others(hand)
+    drafted_moe, hand_moe = drafted.kernels.moe_experts, hand.kernels.moe_experts
+    assert drafted_moe == hand_moe or (hand_moe.enabled is False and drafted_moe.targets == hand_moe.targets)
     assert _variant_options(drafted) == _variant_options(hand)
 
 
