@@ -27,7 +27,7 @@ def _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, route: Route, top_k, act, limi
     n_rows, hidden, inter = route.src.shape[0], x.shape[1], _inter(w_gu, out_first)
     gate_up = x.new_empty(n_rows, 2 * inter)
     h = x.new_empty(n_rows, inter)
-    glu = dict(act=act, interleaved=act == "clamped_swiglu", limit=limit, alpha=alpha)
+    glu = dict(act=act, limit=limit, alpha=alpha)
     tk.rows_gemm(
         tk.GLU_FWD, x, route.src, w_gu, out_first, inter, route, out=gate_up, out2=h, bias=b_gu, **glu
     )
@@ -70,7 +70,7 @@ def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route
                 out_first):  # fmt: skip
     dout = dout.contiguous()
     n_rows, hidden, inter = route.src.shape[0], x.shape[1], h.shape[1]
-    glu = dict(act=act, interleaved=act == "clamped_swiglu", limit=limit, alpha=alpha)
+    glu = dict(act=act, limit=limit, alpha=alpha)
     dgu = torch.empty_like(gate_up)
     part = torch.zeros(tk.col_blocks(inter), n_rows, dtype=torch.float32, device=x.device)
     tk.rows_gemm(tk.GLU_BWD, dout, route.src, w_d, not out_first, inter, route, out=dgu, weights=weights,

@@ -31,11 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..glu.triton_kernels import _KINDS as ACT_CODES
 from ..glu.triton_kernels import _act_and_grad, _round
 from ..triton_utils import cdiv, interpreting
 
 GLU_FWD, SCATTER_WEIGHTED, GLU_BWD, SCATTER = 0, 1, 2, 3
-ACT_CODES = {"swiglu": 0, "geglu": 1, "clamped_swiglu": 2}
 
 
 @triton.jit
@@ -284,7 +284,6 @@ def rows_gemm(
     aux: torch.Tensor | None = None,
     part: torch.Tensor | None = None,
     act: str = "swiglu",
-    interleaved: bool = False,
     limit: float = 0.0,
     alpha: float = 0.0,
 ) -> None:
@@ -293,7 +292,7 @@ def rows_gemm(
     intermediate size for the GLU modes)."""
     k = a.shape[1]
     n_blocks = route.blocks.shape[1]
-    up_off, step = (1, 2) if interleaved else (n, 1)
+    up_off, step = (1, 2) if act == "clamped_swiglu" else (n, 1)  # GPT-OSS's pairs interleave, as in glu
     dummy = out
 
     def grid(meta):
