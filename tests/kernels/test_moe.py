@@ -56,7 +56,7 @@ def _inputs(act: str, transposed: bool, bias: bool, idle_expert: int | None = 3,
         idx[idx == idle_expert] = (idle_expert + 1) % E
     w = torch.rand(T, TOP_K, generator=g).requires_grad_()
     gu_shape, d_shape = (
-        ((E, H, 2 * INTER), (E, INTER, H)) if transposed else ((E, 2 * INTER, H), (E, H, INTER))
+        ((E, H, 2 * inter), (E, inter, H)) if transposed else ((E, 2 * inter, H), (E, H, inter))
     )
     w_gu = (torch.randn(gu_shape, generator=g) * 0.2).requires_grad_()
     w_d = (torch.randn(d_shape, generator=g) * 0.2).requires_grad_()
