@@ -256,7 +256,7 @@ def patch(job: dict, model) -> dict:
     if method == "liger":
         import liger_kernel.transformers as lk
 
-        getattr(lk, PEER_APPLY[job["model"]])(model=model)
+        getattr(lk, job.get("peer_apply") or PEER_APPLY[job["model"]])(model=model)
         return {}
     import liger_registry
 
@@ -356,12 +356,13 @@ def run_job(job: dict) -> dict:
     return out
 
 
-def child_main(job: dict, result: str) -> None:
+def child_main(job: dict, result: str, run=None) -> None:
+    """One process: ``run`` (this script's run_job unless a sibling benchmark passes its own) writes its result."""
     if NVML_CHECK_BEFORE is None:  # the driver's setting goes: CUDA starts here
         os.environ.pop(NVML_CHECK, None)
     else:
         os.environ[NVML_CHECK] = NVML_CHECK_BEFORE
-    Path(result).write_text(json.dumps(run_job(job)))
+    Path(result).write_text(json.dumps((run or run_job)(job)))
 
 
 # --- the driver
@@ -386,10 +387,14 @@ def preimport(smoke: bool) -> None:
 
 def timeout_of(job: dict, args: argparse.Namespace) -> float:
     """A compiled method gets twice the time: its first steps compile the model."""
+    if job.get("timeout_s"):
+        return job["timeout_s"]
     return args.timeout_s * (2 if job["method"].endswith(COMPILED) else 1)
 
 
-def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
+def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int, child=None, script=None) -> dict:
+    """Run one job in its own process: forked into ``child`` (default child_main), or with --spawn as
+    ``script --child JOB --result PATH`` (default this file); sibling benchmarks pass their own pair."""
     result = tmp / f"job{index}.json"
     start = time.perf_counter()
     if args.spawn:
@@ -397,7 +402,7 @@ def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p),
         }
-        cmd = [sys.executable, __file__, "--child", json.dumps(job), "--result", str(result)]
+        cmd = [sys.executable, script or __file__, "--child", json.dumps(job), "--result", str(result)]
         try:
             rc = subprocess.run(cmd, env=env, timeout=timeout_of(job, args)).returncode
         except subprocess.TimeoutExpired:
@@ -405,7 +410,9 @@ def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int) -> dict:
     else:
         import multiprocessing
 
-        proc = multiprocessing.get_context("fork").Process(target=child_main, args=(job, str(result)))
+        proc = multiprocessing.get_context("fork").Process(
+            target=child or child_main, args=(job, str(result))
+        )
         proc.start()
         proc.join(timeout_of(job, args))
         if proc.is_alive():

@@ -6,7 +6,10 @@ forward + backward w.r.t. hidden and weight. Data: hidden ~ N(0,1), weight ~ N(0
 triton.testing.do_bench, incremental peak MiB (max_memory_allocated during one step minus what was allocated
 before: inputs and weight excluded, gradients included), and for ours the plan of kernels.flce_plan (strategy,
 chunk sizes). Rows: the 3-GEMM floor (logits, dX, dW as bare cuBLAS GEMMs), unpatched (materialised logits +
-F.cross_entropy, what HF does), liger-kernel 0.8.5 at C=1 and C=8 (peer, imported here only), ours at the
+F.cross_entropy, what HF does), liger-kernel 0.8.5 at C=1 and C=8 (peer, imported here only),
+cut-cross-entropy's linear_cross_entropy (peer, imported here only when installed, else its rows say
+"skipped: not installed"; `cce`: its default impl, which skips gradient terms below bf16 resolution, and
+`cce exact`: impl cce_exact, no skipping), ours at the
 default budget, at C=8, with the `throughput` budget (max_chunk_mib=512), and forced tokens / forced vocab at
 the default budget (to check the planner's choice). Issue 10's targets are evaluated per row. A loss and
 gradient check against float64 runs on one small shape. JSON goes to $OUT (or benchmarks/results/); the table
@@ -49,6 +52,8 @@ METHODS = (
     ("unpatched", "unpatched", {}),
     ("peer C=1", "peer", {"chunk_mem_const": 1}),
     ("peer C=8", "peer", {"chunk_mem_const": 8}),
+    ("cce", "cce", {"impl": "cce"}),
+    ("cce exact", "cce", {"impl": "cce_exact"}),
     ("ours default", "ours", {}),
     ("ours C=8", "ours", {"chunk_mem_const": 8}),
     ("ours throughput", "ours", {"max_chunk_mib": THROUGHPUT_MIB}),
@@ -62,7 +67,9 @@ METHODS = (
 # the vocab layout of each "ours_layout" row: vocab_geometry's keep
 LAYOUTS = {"ours 1-kept": False, "ours all-kept": True}
 # rows the targets compare: timed twice, interleaved with the others, best of the two medians
-REPEATED = ("floor", "unpatched", "peer C=1", "ours default", "ours throughput")
+REPEATED = ("floor", "unpatched", "peer C=1", "cce", "ours default", "ours throughput")
+# row kinds of other libraries, for issue 25's target: ours default no slower than every peer at or below its peak
+PEERS = ("peer", "cce")
 PLAN_COST_FIELDS = ("predicted_ms", "cost_ms", "est_ms", "time_ms")
 
 
@@ -190,6 +197,17 @@ def peer_fn(x, w, t, chunk_mem_const: int):
     return lambda: peer_loss(x, w, t, chunk_mem_const).backward()
 
 
+def cce_loss(x, w, t, impl: str):
+    """cut-cross-entropy's fused loss (mean over tokens); the package is a benchmark-only peer, imported here."""
+    from cut_cross_entropy import linear_cross_entropy
+
+    return linear_cross_entropy(x, w, t, impl=impl, reduction="mean")
+
+
+def cce_fn(x, w, t, impl: str):
+    return lambda: cce_loss(x, w, t, impl).backward()
+
+
 def ours_fn(x, w, t, kwargs: dict):
     return lambda: K.fused_linear_cross_entropy(x, w, t, **kwargs).backward()
 
@@ -221,6 +239,8 @@ def timed_fn(kind: str, kwargs: dict, x, w, t, name: str = ""):
         return unpatched_fn(x, w, t)
     if kind == "peer":
         return peer_fn(x, w, t, kwargs["chunk_mem_const"])
+    if kind == "cce":
+        return cce_fn(x, w, t, kwargs["impl"])
     if kind == "ours_layout":
         return ours_layout_fn(x, w, t, kwargs, LAYOUTS[name])
     return ours_fn(x, w, t, kwargs)
@@ -276,13 +296,9 @@ def measure_row(name, kind, kwargs, data, timer, ctx) -> dict:
     elif kind == "peer":
         chunk, n = K.flce_chunk_geometry(x.shape[0], h, v, kwargs["chunk_mem_const"])
         row["plan_text"] = f"tokens {chunk}x{n}"
-    skip = (
-        api_problem(kwargs, ctx["api"])
-        if kind in ("ours", "ours_layout")
-        else ctx["peer_problem"]
-        if kind == "peer"
-        else None
-    )
+    elif kind == "cce":
+        row["plan_text"] = f"impl {kwargs['impl']}"
+    skip = api_problem(kwargs, ctx["api"]) if kind in ("ours", "ours_layout") else ctx["problems"].get(kind)
     if skip:
         row["error"] = skip
         return row
@@ -309,13 +325,19 @@ def measure_row(name, kind, kwargs, data, timer, ctx) -> dict:
 
 
 def judge(rows: list[dict]) -> None:
-    """Ratios vs unpatched, peer C=1 and the floor; issue 10's targets per row ('met' / 'MISSED')."""
+    """Ratios vs unpatched, peer C=1, cce and the floor; issue 10's and 25's targets per row ('met' / 'MISSED')."""
     by = {r["method"]: r.get("random_ms") for r in rows}
+    peers = [r for r in rows if r["kind"] in PEERS and r.get("random_ms") is not None]
     for r in rows:
         ms = r.get("random_ms")
         if ms is None:
             continue
-        for ref, key in (("unpatched", "x_unpatched"), ("peer C=1", "x_peer1"), ("floor", "x_floor")):
+        for ref, key in (
+            ("unpatched", "x_unpatched"),
+            ("peer C=1", "x_peer1"),
+            ("cce", "x_cce"),
+            ("floor", "x_floor"),
+        ):
             if by.get(ref):
                 r[key] = ms / by[ref]
         checks = []
@@ -323,6 +345,7 @@ def judge(rows: list[dict]) -> None:
             checks += [
                 ("<=1.15x unpatched", r.get("x_unpatched"), 1.15),
                 ("<=peer C=1", r.get("x_peer1"), 1.0),
+                ("<=peers at<=peak", peer_bound(r, peers), 1.0),
             ]
         if r["method"] == "ours throughput":
             if r["BT"] >= 4096:
@@ -335,12 +358,21 @@ def judge(rows: list[dict]) -> None:
             }  # None: reference row missing
 
 
-def run_group(shape, h, v, bt, args, timer, api, peer_problem, device, dtype, methods) -> list[dict]:
+def peer_bound(ours: dict, peers: list[dict]) -> float | None:
+    """ours' ms over the fastest peer row whose peak is at or below ours (issue 25), 0 when no peer is that lean;
+    None without a peak or without any peer measured."""
+    if ours.get("peak_mib") is None or not peers or any(p.get("peak_mib") is None for p in peers):
+        return None
+    lean = [p["random_ms"] for p in peers if p["peak_mib"] <= ours["peak_mib"]]
+    return ours["random_ms"] / min(lean) if lean else 0.0
+
+
+def run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, methods) -> list[dict]:
     w = make_weight(h, v, device, dtype)
     data = {"random": make_hidden(bt, w, "random")}
     if args.peaked:
         data["peaked"] = make_hidden(bt, w, "peaked")
-    ctx = {"shape": shape, "w": w, "api": api, "peer_problem": peer_problem}
+    ctx = {"shape": shape, "w": w, "api": api, "problems": problems}
     rows = []
     for name, kind, kwargs in methods:
         start = time.perf_counter()
@@ -386,7 +418,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def loss_check(shape, h, v, bt, device, dtype, api, peer_problem, methods) -> list[dict]:
+def loss_check(shape, h, v, bt, device, dtype, api, problems, methods) -> list[dict]:
     w = make_weight(h, v, device, dtype)
     x, t = make_hidden(bt, w, "random", seed=7)
     xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
@@ -397,7 +429,7 @@ def loss_check(shape, h, v, bt, device, dtype, api, peer_problem, methods) -> li
         if kind in ("floor",):
             continue
         row = {"shape": shape, "BT": bt, "method": name}
-        problem = api_problem(kwargs, api) if kind == "ours" else peer_problem if kind == "peer" else None
+        problem = api_problem(kwargs, api) if kind == "ours" else problems.get(kind)
         if problem:
             row["error"] = problem
             out.append(row)
@@ -408,6 +440,8 @@ def loss_check(shape, h, v, bt, device, dtype, api, peer_problem, methods) -> li
                 loss = F.cross_entropy((x @ w.t()).float(), t)
             elif kind == "peer":
                 loss = peer_loss(x, w, t, kwargs["chunk_mem_const"])
+            elif kind == "cce":
+                loss = cce_loss(x, w, t, kwargs["impl"])
             else:
                 loss = K.fused_linear_cross_entropy(x, w, t, **kwargs)
             loss.backward()
@@ -447,7 +481,8 @@ def print_table(rows, checks, meta) -> None:
     print(
         f"\nFLCE fwd+bwd, {meta['dtype']}, median ms (do_bench warmup {meta['warmup_ms']:.0f} / rep "
         f"{meta['rep_ms']:.0f} ms), incremental peak MiB; {meta['env'].get('device', 'cpu')}, "
-        f"torch {meta['env']['torch']}, triton {meta['env']['triton']}, peer {meta['env'].get('liger_kernel')}"
+        f"torch {meta['env']['torch']}, triton {meta['env']['triton']}, peer {meta['env'].get('liger_kernel')}, "
+        f"cut-cross-entropy {meta['env'].get('cut_cross_entropy')}"
     )
     spreads = [r["spread"] for r in rows if "spread" in r]
     if spreads:
@@ -469,7 +504,7 @@ def print_table(rows, checks, meta) -> None:
     head = (
         f"{'shape':<8}{'BT':>6} {'method':<16}{'plan':<19}{'pred':>6}{'ms':>8}"
         + ("{:>8}".format("peaked") if peaked else "")
-        + f"{'MiB':>8}{'/unp':>8}{'/peer1':>8}{'/floor':>8}  targets"
+        + f"{'MiB':>8}{'/unp':>8}{'/peer1':>8}{'/cce':>8}{'/floor':>8}  targets"
     )
     print(head)
     last = None
@@ -491,7 +526,8 @@ def print_table(rows, checks, meta) -> None:
             line += f"{fmt(r.get('peaked_ms'), '8.2f'):>8}"
         line += (
             f"{fmt(r.get('peak_mib'), '8.0f'):>8}{fmt(r.get('x_unpatched'), '8.3f'):>8}"
-            f"{fmt(r.get('x_peer1'), '8.3f'):>8}{fmt(r.get('x_floor'), '8.3f'):>8}  {verdict(r)}"
+            f"{fmt(r.get('x_peer1'), '8.3f'):>8}{fmt(r.get('x_cce'), '8.3f'):>8}{fmt(r.get('x_floor'), '8.3f'):>8}"
+            f"  {verdict(r)}"
         )
         print(line)
     targets = [ok for r in rows for ok in (r.get("targets") or {}).values()]
@@ -514,12 +550,18 @@ def main(argv=None) -> int:
     wanted = args.methods.split(",") if args.methods else None
     methods = [m for m in METHODS if wanted is None or m[0] in wanted]
     api = probe_api()
-    peer_problem = "peer needs CUDA" if not cuda else None
+    problems = {"peer": "peer needs CUDA", "cce": "cce needs CUDA"} if not cuda else {}
     if cuda:
         try:
             import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
         except Exception as exc:  # noqa: BLE001
-            peer_problem = f"liger-kernel not importable: {exc!r}"[:200]
+            problems["peer"] = f"liger-kernel not importable: {exc!r}"[:200]
+        try:
+            import cut_cross_entropy  # noqa: F401
+        except ModuleNotFoundError:
+            problems["cce"] = "skipped: not installed (cut-cross-entropy)"
+        except Exception as exc:  # noqa: BLE001
+            problems["cce"] = f"cut-cross-entropy not importable: {exc!r}"[:200]
     for key, why in api.items():
         if why:
             print(f"bench_flce: {why}; rows that need {key} are skipped")
@@ -529,11 +571,17 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         h, v = shapes[shape]
         for bt in bts:
-            rows += run_group(shape, h, v, bt, args, timer, api, peer_problem, device, dtype, methods)
+            rows += run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, methods)
     sweep_s = time.perf_counter() - start
     small = ("llama", 2048) if cuda else ("llama", 64)
-    checks = loss_check(small[0], *shapes[small[0]], small[1], device, dtype, api, peer_problem, methods)
+    checks = loss_check(small[0], *shapes[small[0]], small[1], device, dtype, api, problems, methods)
     env = env_info()
+    try:
+        from importlib.metadata import version
+
+        env["cut_cross_entropy"] = version("cut-cross-entropy")
+    except Exception:  # noqa: BLE001 - not installed: its rows say so
+        env["cut_cross_entropy"] = "not installed"
     meta = {
         "dtype": str(dtype).removeprefix("torch."),
         "warmup_ms": args.warmup_ms,
@@ -545,7 +593,14 @@ def main(argv=None) -> int:
     name = "bench_flce_smoke.json" if args.cpu_smoke else "bench_flce.json"
     payload = {"meta": meta, "args": vars(args), "api": api, "rows": rows, "loss_check": checks}
     meta["json"] = str(write_json(name, payload))
-    announced = ("API missing", "peer needs CUDA", "liger-kernel not importable")
+    announced = (
+        "API missing",
+        "peer needs CUDA",
+        "liger-kernel not importable",
+        "cce needs CUDA",
+        "skipped: not installed",
+        "cut-cross-entropy not importable",
+    )
     errors = [
         f"{r['shape']} BT={r['BT']} {r['method']}: {r['error']}"
         for r in rows

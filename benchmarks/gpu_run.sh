@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call: install the wheels carried in .whl/, then the chosen parts; one log + JSON/PNG under $OUT
-# (at most 8 files come back: run.log, gpu_tests.json, bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json,
-# compile.json).
+# One device call: install the wheels carried in .whl/ (liger-kernel; cut-cross-entropy for bench_flce's cce rows),
+# then the chosen parts; one log + JSON/PNG under $OUT (at most 8 files come back: run.log, gpu_tests.json,
+# bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json, compile.json; step: bench_step[_TAG].json,
+# bench_step[_TAG]_tps.png, bench_step[_TAG]_loss.png).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
 #   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
@@ -12,6 +13,9 @@
 #   flce / flce-quick   benchmarks/bench_flce.py (full sweep < 6 min / ~1 min subset)
 #   e2e / e2e-quick     benchmarks/bench_e2e.py (64 processes < 9 min / 2 layers, 1 repeat)
 #   e2e-compile    bench_e2e.py: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts
+#   step           benchmarks/bench_step.py (issue 25: real configs at realistic depth); the whole table does not fit
+#                  one call: choose rows/methods with STEP_ARGS (e.g. "--models llama3_2_1b,qwen3_1_7b --shapes 2x4096
+#                  --methods hf,liger,ours --tag dense4k"), join the calls' JSONs with bench_step.py --merge
 #   ops            benchmarks/bench_ops.py
 #   moe            MoE experts: bf16 GPU tests (tests/kernels/test_moe.py), benchmarks/probe_moe_kernels.py (ours vs
 #                  grouped_mm, numerics vs fp32) and benchmarks/bench_moe.py (MOE_ARGS)
@@ -19,7 +23,7 @@
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
-# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..."; per-part time limits: T_<PART> seconds,
+# Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..." STEP_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -70,6 +74,8 @@ for p in ${*:-tests flce e2e}; do
                  python3 benchmarks/bench_e2e.py --quick --budget-s $(( $(left) - 60 )) $E2E_ARGS ;;
     e2e-compile) part e2e-compile "${T_E2E:-400}" 30 python3 benchmarks/bench_e2e.py --budget-s $(( $(left) - 60 )) \
                    --layers 2 --tokens 4096 --repeats 1 --methods hf,hf_compile,ours,ours_compile,liger $E2E_ARGS ;;
+    step) t=$(( ${T_STEP:-590} < $(left) - 5 ? ${T_STEP:-590} : $(left) - 5 ))
+          part step "$t" 70 python3 benchmarks/bench_step.py --budget-s $(( t - 25 )) $STEP_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
     moe) part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
            tests/modules/test_moe_forward.py

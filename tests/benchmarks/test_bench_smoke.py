@@ -1,4 +1,5 @@
-"""CPU smoke runs of the GPU benchmarks (bench_flce.py, bench_e2e.py), so the scripts cannot rot unnoticed."""
+"""CPU smoke runs of the GPU benchmarks (bench_flce.py, bench_e2e.py, bench_step.py), so the scripts cannot rot
+unnoticed."""
 
 from __future__ import annotations
 
@@ -96,6 +97,9 @@ def test_flce_cpu_smoke(tmp_path: Path, monkeypatch, capsys) -> None:
             assert rows[(bt, method)]["random_ms"] > 0, rows[(bt, method)]
         assert "x_unpatched" in rows[(bt, "ours default")]
         assert "targets" in rows[(bt, "ours default")]
+    assert (
+        rows[(48, "cce")]["error"] == rows[(48, "cce exact")]["error"] == "cce needs CUDA"
+    )  # the peer's rows
     checks = {c["method"]: c for c in data["loss_check"]}
     for method in ("unpatched", "ours default", "ours C=8"):
         assert checks[method]["loss_rel"] < 1e-5 and checks[method]["dw_rel"] < 1e-4, checks[method]
@@ -152,3 +156,136 @@ def test_probe_norm_host_records_each_norm_kernel_grid(monkeypatch) -> None:
     assert grids["_ln_fwd_kernel"] == grids["_rms_fwd_kernel"] == {(8,)}  # one program per row
     assert grids["_ln_bwd_kernel"] == grids["_rms_bwd_kernel"] == {(4,)}  # row_programs on the CPU
     assert grids["_sum_parts_kernel"] == {(1, 2), (1, 1)}  # dw + db in one launch; dw alone
+
+
+def test_step_cpu_smoke_and_merge(tmp_path: Path) -> None:
+    args = ("--cpu-smoke", "--models", "llama3_2_1b,gemma2_2b", "--out", str(tmp_path))
+    stdout = _run("bench_step.py", *args, out=tmp_path)
+    assert stdout.rstrip().splitlines()[-1].startswith("targets:"), stdout[-2000:]  # the table comes last
+    data = json.loads((tmp_path / "bench_step_smoke.json").read_text())
+    assert not data["meta"]["partial"]
+    runs = data["runs"]
+    (probe,) = [r for r in runs if r["method"] == "probe"]
+    assert probe["ok"] and probe["mm_tflops"] > 0
+    measured = [r for r in runs if r["method"] != "probe"]
+    expected = [
+        (m, method, rep) for m in ("llama3_2_1b", "gemma2_2b") for method in ("hf", "ours") for rep in (0, 1)
+    ]
+    expected += [("gemma2_2b", "hf_noise", 0), ("llama3_2_1b", "hf_noise", 0)]
+    assert sorted((r["model"], r["method"], r["repeat"]) for r in measured) == sorted(expected)
+    for r in measured:
+        assert r["ok"], r.get("error")
+        assert len(r["losses"]) == 3 and all(math.isfinite(x) for x in r["losses"])
+        assert r["flops"]["total"] > r["flops"]["matmul"] > 0 and r["mm_tflops"] == probe["mm_tflops"]
+    assert "forward" in next(r for r in measured if r["method"] == "ours")["patched"]
+    rows = {row["model"]: row for row in data["rows"]}
+    for row in rows.values():
+        check = row["loss_check"]
+        # fp32 on the CPU: ours follows HF to rounding, the perturbed HF run sets a band well above that
+        assert check["band_noise"] > 0 and check["within"]["ours"] is True, check
+        assert row["methods"]["ours"]["mfu_median"] > 0
+    assert set(rows["llama3_2_1b"]["targets"]) == {
+        "ours>=1.35x hf",
+        "ours>=1.15x liger",
+        "oc>=1.10x hc",
+        "peak<=liger",
+    }
+    for png in data["meta"]["png"]:
+        assert Path(png).is_file(), png
+
+    # a run split over device calls: joined from its JSONs, without running anything
+    step = _load("bench_step.py")
+    merged_dir = tmp_path / "merged"
+    assert step.main(["--merge", str(tmp_path / "bench_step_smoke.json"), "--out", str(merged_dir)]) == 0
+    merged = json.loads((merged_dir / "bench_step_merged.json").read_text())
+    assert [r["model"] for r in merged["rows"]] == [r["model"] for r in data["rows"]]
+
+
+def test_step_flops_count_matmuls_and_the_keys_each_query_sees() -> None:
+    step = _load("bench_step.py")
+    assert step.mean_keys(4, None) == 2.5 == step.mean_keys(4, 8)
+    assert step.mean_keys(4, 2) == sum(min(i, 2) for i in range(1, 5)) / 4
+    dense = dict(
+        hidden_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        intermediate_size=16,
+        vocab_size=10,
+        sliding_window=2,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    f = step.step_flops(dense, 1, 4)
+    per_layer = 8 * 4 * (2 * 2 + 2 * 1) + 3 * 8 * 16  # q, k, v, o + gate, up, down
+    assert f["matmul_params"] == 2 * per_layer + 8 * 10
+    assert f["matmul"] == 6 * f["matmul_params"] * 4
+    assert f["attention"] == 12 * 2 * 4 * (1.75 + 2.5) * 4
+    moe = {
+        **dense,
+        "layer_types": None,
+        "num_experts": 6,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 3,
+    }
+    f = step.step_flops(moe, 2, 4)
+    assert f["matmul_params"] == 2 * (8 * 4 * 6 + 2 * 3 * 8 * 3 + 8 * 6) + 8 * 10  # top-2 experts + router
+
+
+def test_step_jobs_rotate_methods_and_run_the_noise_reference_once() -> None:
+    step = _load("bench_step.py")
+    args = step.parse(["--models", "llama3_2_1b,qwen3_1_7b", "--shapes", "2x4096", "--compile-repeats", "1"])
+    jobs = step.jobs_of(args)
+    first = [j for j in jobs if j["repeat"] == 0]
+    second = [j for j in jobs if j["repeat"] == 1]
+    assert len(first) == 2 * (len(step.METHODS) + 1) and len(second) == 2 * 3  # repeat 1: hf, liger, ours
+    assert sum(j["method"] == step.NOISE for j in jobs) == 2 and all(
+        j["method"] != step.NOISE for j in second
+    )
+    assert {j["method"] for j in second} == {"hf", "liger", "ours"}
+    assert len({jobs[0]["method"], second[0]["method"], first[len(first) // 2]["method"]}) > 1  # rotated
+    job = next(j for j in jobs if j["model"] == "llama3_2_1b")
+    assert (job["batch"], job["seq"], job["tokens"], job["layers"]) == (2, 4096, 8192, 16)
+    assert next(j for j in step.jobs_of(step.parse(["--models", "llama3_8b"])))["layers"] == 8
+    compiled = next(j for j in jobs if j["method"] == "ours_compile")
+    assert compiled["timeout_s"] == 2 * args.timeout_s
+
+
+def test_step_loss_check_against_hf_noise_and_the_targets() -> None:
+    step = _load("bench_step.py")
+
+    def method(tps, peak, *curves):
+        return {"tps": tps, "peak": peak, "curves": list(curves)}
+
+    row = {
+        "model": "llama3_2_1b",
+        "methods": {
+            "hf": method(100.0, 30.0, [3.0, 2.0, 1.0], [3.0, 2.0, 1.0005]),
+            step.NOISE: method(100.0, 30.0, [3.002, 2.0, 1.0]),
+            "ours": method(140.0, 17.0, [3.001, 2.0, 1.0], [3.0, 2.0015, 1.0]),
+            "liger": method(120.0, 17.5, [3.01, 2.0, 1.0]),
+        },
+    }
+    step.loss_check(row)
+    check = row["loss_check"]
+    assert check["band_repeats"] == pytest.approx(5e-4) and check["band"] == pytest.approx(2e-3)
+    assert check["within"] == {"hf": True, "ours": True, "liger": False}
+    step.judge(row)
+    assert row["targets"] == {
+        "ours>=1.35x hf": True,
+        "ours>=1.15x liger": True,
+        "oc>=1.10x hc": None,
+        "peak<=liger": True,
+    }
+    row["model"] = "qwen3_moe"  # MoE rows are reported without targets
+    step.judge(row)
+    assert row["targets"] == {} and row["ratios"]["ours/liger"] == pytest.approx(140 / 120)
+
+
+def test_flce_ours_against_every_peer_at_or_below_its_peak() -> None:
+    flce = _load("bench_flce.py")
+    ours = {"random_ms": 10.0, "peak_mib": 1300.0}
+    peers = [{"random_ms": 9.0, "peak_mib": 1500.0}, {"random_ms": 12.0, "peak_mib": 1200.0}]
+    assert flce.peer_bound(ours, peers) == pytest.approx(10 / 12)  # the faster peer needs more memory
+    assert flce.peer_bound(ours, peers[:1]) == 0.0  # no peer as lean: nothing to beat
+    assert flce.peer_bound(ours, []) is None
