@@ -13,6 +13,7 @@ import statistics
 import torch
 
 from liger_registry.kernels.moe import moe_experts
+from liger_registry.kernels.moe import ops as moe_ops
 
 SHAPES = {  # experts, top-k, hidden, intermediate, act, transposed+bias
     "qwen3_30b_a3b": (128, 8, 2048, 768, "swiglu", False),
@@ -83,7 +84,9 @@ def _rel(outs, refs) -> list[str]:
     ]
 
 
-def run_case(name: str, e, k, hid, inter, act, tr, t) -> None:
+def run_case(
+    name: str, e, k, hid, inter, act, tr, t, breakdown: bool = False, wgrad_ab: bool = False
+) -> None:
     x, idx, w, wgu, wd, bgu, bd = _inputs(e, k, hid, inter, tr, t)
     params = [p for p in (x, w, wgu, wd, bgu, bd) if p is not None]
     dy = torch.randn(t, hid, device="cuda", dtype=torch.bfloat16)
@@ -92,6 +95,8 @@ def run_case(name: str, e, k, hid, inter, act, tr, t) -> None:
         "ours": lambda: moe_experts(x, idx, w, wgu, wd, bgu, bd, **kw),
         "grouped_mm": lambda: reference(x, idx, w, wgu, wd, bgu, bd, act, tr),
     }
+    if wgrad_ab:
+        methods["ours_other_wgrad"] = methods.pop("ours")
     results = {m: (fn(), torch.autograd.grad(fn(), params, dy)) for m, fn in methods.items()}
     p32 = [p.detach().float().requires_grad_() for p in params]
     biases = (p32[4], p32[5]) if tr else (None, None)
@@ -106,22 +111,56 @@ def run_case(name: str, e, k, hid, inter, act, tr, t) -> None:
     for m, fn in methods.items():
         ms[m + "_fwd"] = timed(fn)
         ms[m] = timed(lambda fn=fn: torch.autograd.grad(fn(), params, dy))
+    ours = next(m for m in ms if m.startswith("ours") and not m.endswith("_fwd"))
     flops = 3 * 2 * t * k * (hid * 2 * inter + inter * hid)
     print(
         "   "
         + "  ".join(f"{label} {v:.2f} ms" for label, v in ms.items())
-        + f"  ours {flops / ms['ours'] / 1e9:.0f} TFLOP/s  speedup {ms['grouped_mm'] / ms['ours']:.2f}x"
+        + f"  {ours} {flops / ms[ours] / 1e9:.0f} TFLOP/s  speedup {ms['grouped_mm'] / ms[ours]:.2f}x"
     )
+    if breakdown:
+        for m, fn in methods.items():
+            print(
+                f"   {m} fwd+bwd by kernel: "
+                + kernel_times(lambda fn=fn: torch.autograd.grad(fn(), params, dy))
+            )
+
+
+def kernel_times(step, top: int = 8) -> str:
+    """GPU time per kernel name over one step (after the timed runs: autotuning done), the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            totals[ev.name[:40]] = totals.get(ev.name[:40], 0.0) + ev.time_range.elapsed_us() / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    rest = sum(v for _, v in ranked[top:])
+    return ", ".join(f"{n} {v:.2f}" for n, v in ranked[:top]) + f", rest {rest:.2f} ms"
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="4096")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument(
+        "--wgrad-ab",
+        action="store_true",
+        help="again with the other weight-gradient GEMMs (grouped_mm / Triton)",
+    )
+    ap.add_argument("--breakdown", action="store_true", help="GPU time per kernel of one fwd+bwd (profiler)")
     args = ap.parse_args()
     for name in args.shapes.split(","):
         for t in map(int, args.tokens.split(",")):
-            run_case(name, *SHAPES[name], t)
+            run_case(name, *SHAPES[name], t, args.breakdown)
+            if args.wgrad_ab:  # again with the other weight-gradient GEMMs
+                chosen = moe_ops.wgrad_by_grouped_mm
+                moe_ops.wgrad_by_grouped_mm = lambda x, h, chosen=chosen: not chosen(x, h)
+                run_case(name, *SHAPES[name], t, args.breakdown, wgrad_ab=True)
+                moe_ops.wgrad_by_grouped_mm = chosen
 
 
 if __name__ == "__main__":

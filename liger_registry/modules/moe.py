@@ -14,6 +14,9 @@ from liger_registry.kernels.moe import moe_experts
 from liger_registry.modules.wiring import checks, makes
 from liger_registry.schemas import MoeExpertsSpec
 
+# the gates that are an experts class's own _apply_gate (with the module's limit), not transformers' default
+OWN_GATES = ("clamped_swiglu", "limited_swiglu")
+
 _UNSERVED = {
     "has_gate": (False, "ungated experts (act_fn(up) only)"),
     "has_post_expert_norm": (True, "a norm after each expert"),
@@ -51,7 +54,7 @@ def experts_forward(
             "(policy kernels.moe_experts.enabled: false) for this run"
         )
     bias = getattr(module, "has_bias", False)
-    clamped = gate == "clamped_swiglu"
+    clamped = gate in OWN_GATES
     return moe_experts(
         hidden_states,
         top_k_index,
@@ -62,7 +65,7 @@ def experts_forward(
         getattr(module, f"{down}_bias") if bias else None,
         act=gate,
         limit=module.limit if clamped else 0.0,
-        alpha=module.alpha if clamped else 0.0,
+        alpha=module.alpha if gate == "clamped_swiglu" else 0.0,
         transposed=getattr(module, "is_transposed", False),
     )
 
@@ -85,7 +88,7 @@ def moe_experts_forward(spec: MoeExpertsSpec) -> Callable:
     return forward
 
 
-def _default_gate() -> Callable | None:
+def transformers_default_gate() -> Callable | None:
     try:
         from transformers.integrations.moe import _default_apply_gate
     except ImportError:  # pragma: no cover - every supported release has it
@@ -97,15 +100,15 @@ def _default_gate() -> Callable | None:
 def moe_experts_problem(spec: MoeExpertsSpec, entry, target, resolve_class) -> str | None:
     """Why the kernel cannot replace this experts class's forward; None when it can: the class must be one
     transformers' ``use_experts_implementation`` wraps, and its ``_apply_gate`` must be the gate the spec names
-    (transformers' default split gate for swiglu / geglu, the class's own for clamped_swiglu)."""
+    (transformers' default split gate for swiglu / geglu, the class's own for the OWN_GATES)."""
     cls = target if isinstance(target, type) else type(target)
     apply_gate = getattr(cls, "_apply_gate", None)
     if apply_gate is None or not hasattr(cls.forward, "__wrapped__"):
         return f"{cls.__name__} is not a transformers experts module (use_experts_implementation)"
-    default = _default_gate()
-    if spec.gate == "clamped_swiglu" and apply_gate is default:
-        return f"{cls.__name__} uses transformers' default gate (act(gate) * up), not a clamped SwiGLU"
-    if spec.gate != "clamped_swiglu" and default is not None and apply_gate is not default:
+    default = transformers_default_gate()
+    if spec.gate in OWN_GATES and apply_gate is default:
+        return f"{cls.__name__} uses transformers' default gate (act(gate) * up), not {spec.gate}"
+    if spec.gate not in OWN_GATES and default is not None and apply_gate is not default:
         return (
             f"{cls.__name__} overrides _apply_gate ({apply_gate.__qualname__}): its gate is not {spec.gate}"
         )

@@ -266,14 +266,19 @@ def _experts_gate_error(instance: nn.Module, inputs: tuple, gate: str) -> float:
 def decide_moe_experts(captured: Captured, config: Any) -> Verdict:
     """moe_experts when the grouped-GEMM forward reproduces the experts module's own forward (fp32, the pass's
     routing) with one of the gates; the gate and the config attribute naming its activation go into the spec."""
+    from liger_registry.modules.moe import OWN_GATES, transformers_default_gate
     from liger_registry.schemas.kernels import MOE_GATES
 
     name = captured.cls.__name__
+    # a class with its own _apply_gate computes one of the own gates (the tiny model's values may not reach
+    # its clamp, where an unclamped gate would match too); else transformers' default split gate
+    own = getattr(captured.cls, "_apply_gate", None) is not transformers_default_gate()
+    gates = [g for g in MOE_GATES if (g in OWN_GATES) == own]
     verdict = Verdict("moe_experts", captured.target or name)
     generator = torch.Generator().manual_seed(0)
     instances = captured.instances[:3]
     errors = {}
-    for gate in MOE_GATES:
+    for gate in gates:
         errors[gate] = max(
             _experts_gate_error(m, _routing_inputs(m, captured, generator), gate) for m in instances
         )

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
 from liger_registry.kernels.moe import moe_experts
+from liger_registry.kernels.moe import ops as moe_ops
 from liger_registry.kernels.moe.routing import route
 
 T, H, INTER, E, TOP_K = 37, 24, 20, 5, 2
@@ -30,6 +31,8 @@ def _gate(gu: torch.Tensor, act: str) -> torch.Tensor:
         g, u = gu[::2].clamp(max=LIMIT), gu[1::2].clamp(-LIMIT, LIMIT)
         return (u + 1) * g * torch.sigmoid(g * ALPHA)
     g, u = gu.chunk(2)
+    if act == "limited_swiglu":
+        return F.silu(g.clamp(max=LIMIT)) * u.clamp(-LIMIT, LIMIT)
     return (F.silu(g) if act == "swiglu" else F.gelu(g, approximate="tanh")) * u
 
 
@@ -71,6 +74,8 @@ CASES = [
     ("swiglu", True, True),
     ("clamped_swiglu", True, True),  # GPT-OSS: interleaved pairs, transposed weights, biases
     ("clamped_swiglu", False, False),
+    ("limited_swiglu", False, False),  # DeepSeek-V4: the split SwiGLU, gate and up clamped at the limit
+    ("limited_swiglu", True, True),
 ]
 
 
@@ -89,6 +94,34 @@ def test_forward_and_gradients_match_the_reference(backend, act, transposed, bia
     for name, a, b in zip(("x", "w", "w_gu", "w_d", "b_gu", "b_d"), got, ref, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d {name}: {m}")
     assert not w_gu.grad_fn and got[2][3].abs().sum() == 0, "the idle expert's weight gradient must be zero"
+
+
+@pytest.mark.parametrize(
+    ("act", "transposed", "bias"), [("swiglu", False, True), ("clamped_swiglu", True, True)]
+)
+def test_weight_gradients_by_grouped_mm_match_the_reference(backend, act, transposed, bias, monkeypatch):
+    """The weight gradients as torch._grouped_mm (chosen on CUDA), forced here on the CPU's grouped GEMM."""
+    if backend != "triton":
+        pytest.skip("the grouped-GEMM weight gradients are a choice of the Triton path")
+    monkeypatch.setattr(moe_ops, "wgrad_by_grouped_mm", lambda x, h: True)
+    x, idx, w, w_gu, w_d, b_gu, b_d = _inputs(act, transposed, bias)
+    kw = dict(act=act, limit=LIMIT, alpha=ALPHA, transposed=transposed)
+    out = moe_experts(x, idx, w, w_gu, w_d, b_gu, b_d, **kw)
+    want = reference(x, idx, w, w_gu, w_d, b_gu, b_d, act, transposed)
+    params = [w_gu, w_d, b_gu, b_d]
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    for name, a, b in zip(
+        ("w_gu", "w_d", "b_gu", "b_d"),
+        torch.autograd.grad(out, params, dy),
+        torch.autograd.grad(want, params, dy),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d {name}: {m}")
+
+
+def test_grouped_mm_is_chosen_only_on_cuda_with_aligned_rows():
+    x, h = torch.zeros(4, 24), torch.zeros(4, 20)
+    assert not moe_ops.wgrad_by_grouped_mm(x, h)
 
 
 def test_strided_hidden_rows_and_fp32_routing_weights_with_half_activations(backend):
@@ -143,7 +176,8 @@ def test_bad_arguments_raise_every_problem(change, message):
     not torch.cuda.is_available(), reason="bf16 Triton GEMMs run on the GPU (the interpreter has no bf16 dot)"
 )
 @pytest.mark.parametrize(
-    ("act", "transposed", "bias"), [("swiglu", False, False), ("clamped_swiglu", True, True)]
+    ("act", "transposed", "bias"),
+    [("swiglu", False, False), ("clamped_swiglu", True, True), ("limited_swiglu", False, False)],
 )
 @pytest.mark.parametrize(
     "inter", [INTER, 333]

@@ -6,7 +6,8 @@ the sum over each token's top-k slots; the backward as grouped GEMMs too (see ``
   forward of a transformers experts module (``use_experts_implementation``) returns, for stacked weights
   ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I] (``transposed``: [E, H, 2I] and [E, I, H]), optional
   biases [E, 2I] and [E, H], and the gate ``act``: ``swiglu`` / ``geglu`` over a ``[gate | up]`` split, or
-  ``clamped_swiglu`` (GPT-OSS: interleaved pairs, ``limit``, ``alpha``).
+  ``clamped_swiglu`` (GPT-OSS: interleaved pairs, ``limit``, ``alpha``), or ``limited_swiglu`` (DeepSeek-V4:
+  the split SwiGLU with gate and up clamped at ``limit``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from .ops import MOE_EXPERTS
 from .routing import route
 
-ACTS = ("swiglu", "geglu", "clamped_swiglu")
+ACTS = ("swiglu", "geglu", "clamped_swiglu", "limited_swiglu")
 
 
 def _problems(x, idx, w, w_gu, w_d, b_gu, b_d, act: str, transposed: bool) -> list[str]:

@@ -9,6 +9,8 @@ value, never stored twice). The routing weights enter sorted by row (a different
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -81,6 +83,33 @@ def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route
     buf = x.new_empty(n_rows, hidden)
     tk.rows_gemm(tk.SCATTER, dgu, None, w_gu, not out_first, hidden, route, out=buf)
     dx = buf.view(-1, top_k, hidden).sum(1).to(x.dtype)
+    del buf  # the weight gradients' buffers take its place
+    wgrad = _wgrad_grouped_mm if wgrad_by_grouped_mm(x, h) else _wgrad_triton
+    return dx, d_weights, *wgrad(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route, out_first)
+
+
+def wgrad_by_grouped_mm(x: Tensor, h: Tensor) -> bool:
+    """Whether the weight gradients run as ``torch._grouped_mm`` (CUDA's grouped GEMM) rather than
+    ``_wgrad_kernel``: on CUDA where this torch has it for the dtype, with rows of 16-byte multiples (its
+    alignment rule). A GEMM with no epilogue to fuse: the vendor kernel is faster at large experts
+    (benchmarks/NOTES.md, issue 23)."""
+    align = 16 // x.element_size()
+    if not x.is_cuda or x.shape[1] % align or h.shape[1] % align:
+        return False
+    return _grouped_mm_runs(x.device.index or 0, x.dtype)
+
+
+@functools.cache
+def _grouped_mm_runs(device_index: int, dtype: torch.dtype) -> bool:
+    a = torch.zeros(16, 16, dtype=dtype, device=torch.device("cuda", device_index))
+    try:
+        torch._grouped_mm(a.t(), a, offs=torch.tensor([8, 16], dtype=torch.int32, device=a.device))
+    except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+        return False
+    return True
+
+
+def _wgrad_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Route, out_first):
     dw_gu, dw_d = torch.empty_like(w_gu), torch.empty_like(w_d)
     db_gu = torch.empty_like(b_gu) if b_gu is not None else x.new_empty(0)
     db_d = torch.empty_like(b_d) if b_d is not None else x.new_empty(0)
@@ -88,7 +117,30 @@ def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route
                   dbias=db_gu if b_gu is not None else None)  # fmt: skip
     tk.wgrad_gemm(dout, route.src, h, None, route, out=dw_d, out_first=out_first, scale=weights,
                   dbias=db_d if b_d is not None else None)  # fmt: skip
-    return dx, d_weights, dw_gu, dw_d, db_gu, db_d
+    return dw_gu, dw_d, db_gu, db_d
+
+
+def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Route, out_first):
+    """The weight gradients as ``torch._grouped_mm`` over the sorted rows (gathered copies of the hidden states
+    and of the routing-weighted incoming gradient, one alive at a time; the rounding of :func:`_wgrad_triton`)."""
+    offs = route.offsets[1:]
+
+    def per_expert(a, b):  # [E, a_cols, b_cols] = a_e^T @ b_e, or its transpose
+        return torch._grouped_mm(a.t(), b, offs=offs) if out_first else torch._grouped_mm(b.t(), a, offs=offs)
+
+    def bias_grad(g, b):
+        if b is None:
+            return x.new_empty(0)
+        counts = route.offsets[1:] - route.offsets[:-1]
+        experts = torch.arange(counts.shape[0], device=x.device)
+        row_expert = torch.repeat_interleave(experts, counts, output_size=g.shape[0])
+        sums = torch.zeros(b.shape, dtype=torch.float32, device=x.device)
+        return sums.index_add_(0, row_expert, g.float()).to(b.dtype)
+
+    dw_gu = per_expert(dgu, x[route.src.long()])
+    db_gu = bias_grad(dgu, b_gu)
+    dsc = (dout[route.src.long()].float() * weights.float()[:, None]).to(h.dtype)
+    return dw_gu, per_expert(dsc, h), db_gu, bias_grad(dsc, b_d)
 
 
 def _bwd_impl(

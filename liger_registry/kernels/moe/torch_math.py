@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..glu.torch_math import glu_fused_torch, swiglu_clamped_torch
+from ..glu.torch_math import glu_fused_torch, swiglu_clamped_torch, swiglu_limited_torch
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, out_first: bool) -> torch.Tensor:
@@ -27,6 +27,8 @@ def _segments(offsets: torch.Tensor):
 def gate(gate_up: torch.Tensor, act: str, limit: float, alpha: float) -> torch.Tensor:
     if act == "clamped_swiglu":
         return swiglu_clamped_torch(gate_up, limit, alpha)
+    if act == "limited_swiglu":
+        return swiglu_limited_torch(gate_up, limit)
     return glu_fused_torch(gate_up, act)
 
 
@@ -41,6 +43,12 @@ def gate_grad(dh: torch.Tensor, gate_up: torch.Tensor, act: str, limit: float, a
         db = torch.where((b >= -limit) & (b <= limit), g * sig, 0.0)
         return torch.stack([d * da, d * db], -1).flatten(-2).to(gate_up.dtype)
     a, b = (t.float() for t in gate_up.chunk(2, dim=-1))
+    if act == "limited_swiglu":
+        g, u = a.clamp(max=limit), b.clamp(-limit, limit)
+        sig = torch.sigmoid(g)
+        da = torch.where(a <= limit, u * sig * (1 + g * (1 - sig)), 0.0)
+        db = torch.where((b >= -limit) & (b <= limit), g * sig, 0.0)
+        return torch.cat([d * da, d * db], -1).to(gate_up.dtype)
     if act == "swiglu":
         sig = torch.sigmoid(a)
         act_a, dact = a * sig, sig * (1 + a * (1 - sig))
