@@ -77,7 +77,13 @@ def tiny_model(
 
 
 def tiny_batch(model, batch: int = 2, seq: int = 16, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Token ids and labels; for a vision encoder (a `head: null` family such as pixtral), images instead."""
     generator = torch.Generator().manual_seed(seed)
+    if getattr(model, "main_input_name", "input_ids") == "pixel_values":
+        config = model.config
+        size = config.image_size
+        shape = (batch, config.num_channels, size, size)
+        return {"pixel_values": torch.randn(shape, generator=generator, dtype=model.dtype)}
     vocab = model.config.get_text_config().vocab_size
     input_ids = torch.randint(0, vocab, (batch, seq), generator=generator)
     return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": torch.ones_like(input_ids)}
@@ -155,7 +161,8 @@ def compile_check(
     family = registry.family_for(model_type).entry.family
     model = tiny_model(model_type, dtype=dtype, registry=registry).to(device).train()
     batch = {k: v.to(device) for k, v in tiny_batch(model).items()}
-    batch["labels"][:, :3] = IGNORE_INDEX
+    if "labels" in batch:  # a vision encoder's batch (pixtral) is images only
+        batch["labels"][:, :3] = IGNORE_INDEX
     check = CompileCheck(family)
     try:
         with L.patched(model, registry=registry):

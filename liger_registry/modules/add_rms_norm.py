@@ -37,13 +37,13 @@ def _checkpoints_here(layer) -> bool:
     )
 
 
-def _runs_as_a_module(norm: nn.Module, weight: torch.Tensor) -> bool:
+def _runs_as_a_module(norm: nn.Module, weight: torch.Tensor | None) -> bool:
     """Whether the norm must be called as a module: a wrapper or hook on it (accelerate's offload hooks load its
     weight from meta when it runs) would be bypassed by reading its weight directly."""
     own = vars(norm).get("forward")
     ours = own is not None and hasattr(getattr(own, "__func__", own), "__liger_switch__")
     return (
-        weight.is_meta
+        (weight is not None and weight.is_meta)
         or (own is not None and not ours)
         or bool(norm._forward_hooks or norm._forward_pre_hooks)
         or hasattr(norm, "_hf_hook")
@@ -66,7 +66,8 @@ def add_rms_norm_layer_forward(spec: AddRmsNormSpec):
         hidden_states = getattr(self, shape.input_norm)(hidden_states)
         hidden_states, _ = getattr(self, shape.attention)(hidden_states=hidden_states, **attention_kwargs)
         norm = getattr(self, shape.post_norm)
-        weight = getattr(norm, weight_attr)
+        # none: a norm without a scale, as rms_norm_forward reads it
+        weight = getattr(norm, weight_attr, None)
         if _runs_as_a_module(norm, weight):
             residual = residual + hidden_states
             hidden_states = norm(residual)
@@ -137,7 +138,7 @@ def add_rms_norm_problem(
     norm = getattr(target, shape.post_norm, None)
     if type(norm) not in classes:
         return f"{cls.__name__}: its {shape.post_norm} is {type(norm).__name__}, not the family's RMSNorm ({names})"
-    attrs = (spec.weight_attr, spec.eps_attr)
+    attrs = spec.module_attributes(("weight_attr", "eps_attr"))
     if missing := [attr_label(a) for a in attrs if not has_attr(norm, a)]:
         return f"{cls.__name__}: its {shape.post_norm} has no attribute {', '.join(missing)}"
     return None

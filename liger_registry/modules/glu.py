@@ -1,5 +1,6 @@
-"""Gated-MLP module forwards: SwiGLU / GeGLU over separate gate and up projections or one fused gate_up
-(the projections stay, the split and activation-times-up are one kernel), GPT-OSS's clamped experts gate, relu²."""
+"""Gated-MLP module forwards: SwiGLU / GeGLU over separate gate and up projections (with Falcon-H1's gate and down
+multipliers) or one fused gate_up (the projections stay, the split and activation-times-up are one kernel), GPT-OSS's
+clamped experts gate, relu²."""
 
 from __future__ import annotations
 
@@ -12,10 +13,21 @@ from liger_registry.schemas import GluSpec
 
 
 def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
+    """``down(act(gate(x) * gate_multiplier) * up(x)) * down_multiplier``; the multipliers are the MLP's own
+    ``gate_multiplier`` / ``down_multiplier`` (FalconH1MLP's ``config.mlp_multipliers``), 1.0 for an MLP without
+    them. The gate multiplier runs in the kernel; the down one multiplies the down projection's output, as
+    FalconH1MLP does: moved before the projection it would round elsewhere in half precision and scale no bias."""
     gate, up, down = spec.gate, spec.up, spec.down
 
     def forward(self, x):
-        return getattr(self, down)(fused(getattr(self, gate)(x), getattr(self, up)(x)))
+        h = fused(
+            getattr(self, gate)(x),
+            getattr(self, up)(x),
+            gate_multiplier=getattr(self, "gate_multiplier", 1.0),
+        )
+        out = getattr(self, down)(h)
+        down_multiplier = getattr(self, "down_multiplier", 1.0)
+        return out if down_multiplier == 1.0 else out * down_multiplier
 
     return forward
 

@@ -25,8 +25,18 @@ ROPE_LAYOUTS: dict[str, str] = {
     ),
     "interleaved": "pairs (2j, 2j+1) on the first cos.shape[-1] channels (glm4)",
     "interleaved_fp32": "the same rotated in fp32, results in q's and k's dtypes (ernie4_5)",
+    "interleaved_repeated": (
+        "interleaved pairs on the first cos.shape[-1] channels, cos/sin given repeat-interleaved (pair j's value at "
+        "2j and 2j+1: glm4v)"
+    ),
     "half_split": "GPT-OSS's halves with one cos per pair",
     "complex": "llama4's apply_rotary_emb(xq, xk, freqs_cis)",
+    "complex_heads_first": "the same with q and k [batch, heads, seq, head_dim]: deepseek_v2's apply_rotary_emb",
+    "deinterleave": (
+        "interleaved pairs rotated by cos[..., :R/2] and written as halves, evens then odds: "
+        "apply_rotary_pos_emb_interleave of deepseek_v3 and glm4_moe_lite"
+    ),
+    "one_tensor": "rotate_half of one tensor per call, (x, cos, sin, unsqueeze_dim): gemma4's apply_rotary_pos_emb",
 }
 RopeLayout = Literal[tuple(ROPE_LAYOUTS)]
 # Sections of registry/defaults.yaml the specs read their defaults from.
@@ -39,6 +49,7 @@ MOE_GATES: dict[str, tuple[str, ...]] = {
     "swiglu": ("silu", "swish"),
     "geglu": ("gelu_pytorch_tanh", "gelu_tanh"),
     "clamped_swiglu": (),
+    "limited_swiglu": ("silu", "swish"),
 }
 # \Z, not $: "$" also matches before a trailing newline, which a `|` block scalar ends with
 _TARGET = re.compile(r"^(transformers(\.[A-Za-z_]\w*)+:)?[A-Za-z_]\w*\Z")
@@ -103,6 +114,16 @@ class RmsNormSpec(ModuleKernelSpec):
     weight_attr: str = Field(
         default(RMS_NORM + "weight_attr"), description="Attribute of the module that holds the scale."
     )
+    weight_optional: StrictBool = Field(
+        default(RMS_NORM + "weight_optional"),
+        description="A target module without the weight attribute normalises without a scale (y = x / rms(x)): "
+        "Gemma4RMSNorm(with_scale=False), DeepseekV4UnweightedRMSNorm. False: every module must hold it.",
+    )
+
+    def module_attributes(self, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if self.weight_optional:
+            fields = tuple(f for f in fields if f != "weight_attr")
+        return super().module_attributes(fields)
 
     @field_validator("eps_attr")
     @classmethod
@@ -166,7 +187,8 @@ class MoeExpertsSpec(ModuleKernelSpec):
     gate: Literal[tuple(MOE_GATES)] = Field(
         default(MOE_EXPERTS + "gate"),
         description="The gate between the GEMMs: swiglu / geglu over a [gate | up] split (transformers' default "
-        "_apply_gate), or clamped_swiglu (GPT-OSS's _apply_gate: interleaved pairs, the module's limit and alpha).",
+        "_apply_gate), clamped_swiglu (GPT-OSS's _apply_gate: interleaved pairs, the module's limit and alpha) or "
+        "limited_swiglu (DeepSeek-V4's _apply_gate: the split SwiGLU, gate and up clamped at the module's limit).",
     )
     gate_up: str = Field(
         default(MOE_EXPERTS + "gate_up"), description="Attribute holding the gate/up weights."
@@ -191,10 +213,22 @@ class MoeExpertsSpec(ModuleKernelSpec):
 
 
 class LayerNormSpec(ModuleKernelSpec):
-    """LayerNorm with weight and bias: y = (x - mean) / std * (offset + weight) + bias."""
+    """LayerNorm: y = (x - mean) / std * (offset + weight) + bias; a module without a bias attribute (or with
+    ``bias = None``) adds none, one without a weight attribute scales by none (OlmoLayerNorm)."""
 
     eps_attr: str = Field(
         default(LAYER_NORM + "eps_attr"), description="Attribute of the module that holds epsilon."
+    )
+    eps: StrictFloat | None = Field(
+        default(LAYER_NORM + "eps"),
+        description="Epsilon for a class that hard-codes it in its forward (OlmoLayerNorm: 1e-5); set, it "
+        "replaces eps_attr.",
+    )
+    broadcast_weight: StrictBool = Field(
+        default(LAYER_NORM + "broadcast_weight"),
+        description="A weight of more than one dim is x's trailing shape, broadcast over the normalised last "
+        "dim's rows (CohereLayerNorm's QK norm: [heads, head_dim], each head normalised over head_dim); False: "
+        "a weight must be [hidden].",
     )
     offset: Literal[0.0, 1.0] = Field(
         default(LAYER_NORM + "offset"),
@@ -205,6 +239,11 @@ class LayerNormSpec(ModuleKernelSpec):
     @property
     def variant(self) -> str:
         return "1p" if self.offset else ""
+
+    def module_attributes(self, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if self.eps is not None:
+            fields = tuple(f for f in fields if f != "eps_attr")
+        return super().module_attributes(fields)
 
 
 class RopeSpec(KernelSpec):

@@ -46,7 +46,7 @@ def test_custom_ops_direct_with_torch_backend(monkeypatch):
     def f(x, w, q):
         y, _ = torch.ops.liger_registry.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", "torch")
         qo, _ = torch.ops.liger_registry.rope(q, q, cos, sin, False, "torch")
-        return torch.ops.liger_registry.glu_fwd(y, x, 0, "torch").sum() + qo.sum()
+        return torch.ops.liger_registry.glu_fwd(y, x, 0, 1.0, 1.0, "torch").sum() + qo.sum()
 
     torch._dynamo.reset()
     ex = torch._dynamo.explain(f)(x, w, q)
@@ -64,7 +64,9 @@ def test_opcheck_custom_ops(monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, "torch")
     x, w, q, cos, sin, *_ = _inputs()
     torch.library.opcheck(torch.ops.liger_registry.rms_norm_fwd.default, (x, w, 1e-6, 0.0, "gemma", "torch"))
-    torch.library.opcheck(torch.ops.liger_registry.glu_fwd.default, (x, x.detach().clone(), 1, "torch"))
+    torch.library.opcheck(
+        torch.ops.liger_registry.glu_fwd.default, (x, x.detach().clone(), 1, 1.0, 1.0, "torch")
+    )
     torch.library.opcheck(
         torch.ops.liger_registry.rope.default, (q, q.detach().clone(), cos, sin, False, "torch")
     )

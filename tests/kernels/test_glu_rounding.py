@@ -142,6 +142,6 @@ def test_glu_op_torch_backward_is_the_gradient_of_the_rounded_forward(kind, act)
     the activation rounded as the forward rounds it."""
     gate, up = _gate(act), _up().requires_grad_()
     dy = torch.randn(ROWS, COLS, generator=_g(2)).to(DTYPE)
-    (ours,) = torch.autograd.grad(torch.ops.liger_registry.glu_fwd(gate, up, kind, "torch"), up, dy)
+    (ours,) = torch.autograd.grad(torch.ops.liger_registry.glu_fwd(gate, up, kind, 1.0, 1.0, "torch"), up, dy)
     (ref,) = torch.autograd.grad(ACT2FN[act](gate) * up, up, dy)
     _assert_bits_close("glu op d up", "torch", ours, ref)

@@ -452,6 +452,128 @@ def test_glu_mlp_bf16_as_unpatched(mlp_cls, config_cls, act, name):
     _bits_check(f"{mlp_cls.__name__} output", ours, ref, max_ulps=8, max_differing=0.05)
 
 
+# ---------------------------------------------------------------- issue 24's kernel options
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", ["llama", "gemma", "none"])
+def test_rms_norm_without_weight(dtype, mode):
+    """``weight=None`` (no elementwise affine): ``x / rms(x)``, dx; and the fused add + RMSNorm without a weight."""
+    g = torch.Generator(device="cuda").manual_seed(13)
+    x0 = torch.randn(4099, 4096, device="cuda", generator=g)
+    x = _leaf(x0, dtype)
+    y = K.rms_norm(x, None, 1e-6, casting_mode=mode)
+    assert y.dtype == dtype
+    x64 = _leaf(x0.to(dtype), torch.float64)
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    case = f"rms_norm {mode} no weight"
+    _check(case, "y", y, ref, dtype)
+    dy = torch.randn_like(x0)
+    _check(case, "dx", *_grads(y, [x], dy.to(dtype)), *_grads(ref, [x64], dy.double()), dtype)
+    if mode == "none":
+        return
+    r0 = torch.randn(4099, 4096, device="cuda", generator=g)
+    x, r = _leaf(x0, dtype), _leaf(r0, dtype)
+    s, y = K.add_rms_norm(x, r, None, 1e-6, casting_mode=mode)
+    x64, r64 = _leaf(x0.to(dtype), torch.float64), _leaf(r0.to(dtype), torch.float64)
+    s64 = r64 + x64
+    ref = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    case = f"add_rms_norm {mode} no weight"
+    _check(case, "y", y, ref, dtype)
+    got = _grads((s, y), [x, r], (dy.to(dtype), dy.to(dtype)))
+    exp = _grads((s64, ref), [x64, r64], (dy.double(), dy.double()))
+    for name, a, e in zip(["dx", "dresidual"], got, exp, strict=True):
+        _check(case, name, a, e, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_glu_multipliers(dtype, name):
+    """Falcon-H1's ``mlp_multipliers``: ``act(gate * 0.7) * up * 1.3``."""
+    g = torch.Generator(device="cuda").manual_seed(14)
+    a0 = torch.randn(1025, 14336, device="cuda", generator=g) * 2
+    b0 = torch.randn(1025, 14336, device="cuda", generator=g)
+    a, b = _leaf(a0, dtype), _leaf(b0, dtype)
+    y = getattr(K, name)(a, b, gate_multiplier=0.7, down_multiplier=1.3)
+    a64, b64 = _leaf(a0.to(dtype), torch.float64), _leaf(b0.to(dtype), torch.float64)
+    ref = getattr(glu_math, f"{name}_torch")(a64, b64, 0.7, 1.3)
+    case = f"{name} multipliers"
+    _check(case, "y", y, ref, dtype)
+    dy = torch.randn_like(a0)
+    for n_, x_, e_ in zip(
+        ["da", "db"], _grads(y, [a, b], dy.to(dtype)), _grads(ref, [a64, b64], dy.double()), strict=True
+    ):
+        _check(case, n_, x_, e_, dtype)
+
+
+def test_glu_gate_multiplier_bf16_bits_as_falcon_h1():
+    """``up * silu(gate * m)`` as FalconH1MLP computes it in bf16 (the scaled gate rounded first): forward, d up."""
+    g = torch.Generator(device="cuda").manual_seed(15)
+    gate = (torch.randn(1025, 14336, device="cuda", generator=g) * 3).bfloat16()
+    up = (torch.randn(1025, 14336, device="cuda", generator=g) * 4).bfloat16()
+    dy = torch.randn(1025, 14336, device="cuda", generator=g).bfloat16()
+    outs, d_ups = [], []
+    for fn in (lambda a, b: b * F.silu(a * 0.7), lambda a, b: K.swiglu(a, b, gate_multiplier=0.7)):
+        u = up.clone().requires_grad_()
+        out = fn(gate, u)
+        outs.append(out)
+        d_ups.append(torch.autograd.grad(out, u, dy)[0])
+    _bits_check("swiglu gate multiplier forward", outs[1], outs[0])
+    _bits_check("swiglu gate multiplier d up", d_ups[1], d_ups[0])
+
+
+def test_falcon_h1_mlp_bf16_as_unpatched():
+    """The whole bf16 FalconH1MLP (multipliers not 1, biases) against the swiglu drop-in's forward."""
+    from transformers.models.falcon_h1 import modeling_falcon_h1
+    from transformers.models.falcon_h1.configuration_falcon_h1 import FalconH1Config
+
+    from liger_registry.modules.glu import swiglu_forward
+    from liger_registry.schemas import GluSpec
+
+    config = FalconH1Config(
+        hidden_size=2048, intermediate_size=8192, mlp_multipliers=[0.7, 1.3], mlp_bias=True
+    )
+    torch.manual_seed(0)
+    mlp = modeling_falcon_h1.FalconH1MLP(config).to("cuda", torch.bfloat16)
+    x = torch.randn(2048, 2048, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7))
+    x = x.bfloat16()
+    with torch.no_grad():
+        ref, ours = mlp(x), swiglu_forward(GluSpec(targets=["FalconH1MLP"]))(mlp, x)
+    _bits_check("FalconH1MLP output", ours, ref, max_ulps=8, max_differing=0.05)
+
+
+# head_dim, cos/sin shape (2-D: the vision towers' [seq, C]), what liger-kernel's rope accepts beyond HF's
+ROPE_TABLES = {
+    "2d-table": (128, (1000, 128)),
+    "odd-head-dim": (81, (1, 1000, 81)),
+    "table-wider-than-head": (64, (2, 1000, 96)),
+    "odd-head-dim-2d-half-table": (81, (1000, 40)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("table", list(ROPE_TABLES))
+def test_rope_tables(dtype, table):
+    g = torch.Generator(device="cuda").manual_seed(16)
+    d, shape = ROPE_TABLES[table]
+    b, hq, hk, s = 2, 32, 8, 1000
+    q0 = torch.randn(b, s, hq, d, device="cuda", generator=g)
+    k0 = torch.randn(b, s, hk, d, device="cuda", generator=g)
+    ang = torch.randn(*shape, device="cuda", generator=g) * 10
+    q = q0.to(dtype).transpose(1, 2).requires_grad_()
+    k = k0.to(dtype).transpose(1, 2).requires_grad_()
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    qo, ko = K.rope(q, k, cos, sin)
+    q64, k64 = _leaf(q, torch.float64), _leaf(k, torch.float64)
+    qr, kr = rope_torch(q64, k64, cos.double(), sin.double())
+    case = f"rope {table}"
+    _check(case, "q", qo, qr, dtype)
+    _check(case, "k", ko, kr, dtype)
+    gq, gk = torch.randn_like(qr), torch.randn_like(kr)
+    got = torch.autograd.grad((qo, ko), [q, k], (gq.to(dtype), gk.to(dtype)))
+    exp = torch.autograd.grad((qr, kr), [q64, k64], (gq, gk))
+    _check(case, "dq", got[0], exp[0], dtype)
+    _check(case, "dk", got[1], exp[1], dtype)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_cross_entropy_bf16_conventions(reduction):
     """The logits' dtype back, the structured output, -1 predicted on ignored rows, torch's loss."""

@@ -69,18 +69,19 @@ ROW_SHAPE = (2, 3, 24)
 B, HQ, HK, S, D = 2, 4, 2, 5, 8
 
 
-def _qk(layout: str, grad: bool):
+def _qk(layout: str, grad: bool, head_dim: int = D):
+    d = head_dim
     if layout == "contiguous":
-        return rand(B, HQ, S, D, seed=1, grad=grad), rand(B, HK, S, D, seed=2, grad=grad)
+        return rand(B, HQ, S, d, seed=1, grad=grad), rand(B, HK, S, d, seed=2, grad=grad)
     if layout == "transposed":  # [B, S, H, D] projections viewed heads-first: every attention layer
         return (
-            rand(B, S, HQ, D, seed=1).transpose(1, 2).detach().requires_grad_(grad),
-            rand(B, S, HK, D, seed=2).transpose(1, 2).detach().requires_grad_(grad),
+            rand(B, S, HQ, d, seed=1).transpose(1, 2).detach().requires_grad_(grad),
+            rand(B, S, HK, d, seed=2).transpose(1, 2).detach().requires_grad_(grad),
         )
     if layout == "fused-qkv":  # q and k sliced from one [B, S, (HQ + 2 HK) * D] projection: non-dense
-        qkv = rand(B, S, (HQ + 2 * HK) * D, seed=3)
-        q = qkv[..., : HQ * D].view(B, S, HQ, D).transpose(1, 2)
-        k = qkv[..., HQ * D : (HQ + HK) * D].view(B, S, HK, D).transpose(1, 2)
+        qkv = rand(B, S, (HQ + 2 * HK) * d, seed=3)
+        q = qkv[..., : HQ * d].view(B, S, HQ, d).transpose(1, 2)
+        k = qkv[..., HQ * d : (HQ + HK) * d].view(B, S, HK, d).transpose(1, 2)
         return q.detach().requires_grad_(grad), k.detach().requires_grad_(grad)
     raise ValueError(layout)
 
@@ -177,6 +178,76 @@ def _norm_cases() -> list[Case]:
         Case("rms_norm_fwd", "3d-bf16-gemma", BOTH, rms_bf16_gemma),
         Case("rms_norm_fwd", "3d-transposed-bf16-fp32-weight", BOTH, rms_bf16_llama),
     ]
+    return cases + _weightless_norm_cases()
+
+
+def _weightless_norm_cases() -> list[Case]:
+    """``weight=None`` (no elementwise affine): the schema's optional weight, an empty weight gradient."""
+    cases = []
+    for name in ("3d-transposed", "2d-strided-rows"):
+        layout = ROW_LAYOUTS[name]
+        for mode in ("llama", "gemma", "none"):
+
+            def rms(backend, layout=layout, mode=mode):
+                return (layout(ROW_SHAPE, grad=True), None, 1e-6, 0.0, mode, backend)
+
+            cases.append(Case("rms_norm_fwd", f"{name}-no-weight-{mode}", BOTH, rms))
+
+        def rms_bwd(backend, layout=layout):
+            x = layout(ROW_SHAPE)
+            rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+            return (layout(ROW_SHAPE, seed=2), x, None, rstd, 1e-6, 0.0, "llama", True, backend)
+
+        def rms_bwd_inplace(_backend, layout=layout):
+            x = layout(ROW_SHAPE)
+            rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+            return (contiguous(x.shape, seed=2), x, None, rstd, 0.0, "gemma", True)
+
+        def add_rms(_backend, layout=layout):
+            return (layout(ROW_SHAPE), layout(ROW_SHAPE, seed=1), None, 1e-6, 0.0, "llama")
+
+        def add_rms_bwd(_backend, layout=layout):
+            s = layout(ROW_SHAPE)
+            rstd = torch.rsqrt(s.float().pow(2).mean(-1) + 1e-6).reshape(-1)
+            return (layout(ROW_SHAPE, seed=1), layout(ROW_SHAPE, seed=2), s, None, rstd, 0.0, "gemma", True)
+
+        cases += [
+            Case("rms_norm_bwd", f"{name}-no-weight", BOTH, rms_bwd),
+            Case("rms_norm_bwd_", f"{name}-no-weight", ("triton",), rms_bwd_inplace),
+            Case("add_rms_norm_fwd", f"{name}-no-weight", TRITON, add_rms),
+            Case("add_rms_norm_bwd", f"{name}-no-weight", TRITON, add_rms_bwd),
+        ]
+
+    def rms_bf16(backend):  # no weight to promote with: the output keeps x's dtype
+        return (transposed(ROW_SHAPE, grad=True, dtype=torch.bfloat16), None, 1e-6, 0.0, "llama", backend)
+
+    cases.append(Case("rms_norm_fwd", "3d-transposed-bf16-no-weight", BOTH, rms_bf16))
+    return cases + _weightless_layer_norm_cases()
+
+
+def _weightless_layer_norm_cases() -> list[Case]:
+    """LayerNorm with ``weight=None`` and ``bias=None`` (OlmoLayerNorm), and with a weight but no bias
+    (CohereLayerNorm): the schema's optional weight, empty weight and bias gradients."""
+    cases = []
+    for name in ("3d-transposed", "2d-strided-rows"):
+        layout = ROW_LAYOUTS[name]
+        for label, with_weight in (("no-weight", False), ("no-bias", True)):
+
+            def ln(backend, layout=layout, with_weight=with_weight):
+                w = rand(ROW_SHAPE[-1], seed=1, grad=True) if with_weight else None
+                return (layout(ROW_SHAPE, grad=True), w, None, 1e-5, backend)
+
+            def ln_bwd(backend, layout=layout, with_weight=with_weight):
+                x = layout(ROW_SHAPE)
+                var, mean = torch.var_mean(x.float().reshape(-1, x.shape[-1]), -1, unbiased=False)
+                w = rand(ROW_SHAPE[-1], seed=1) if with_weight else None
+                rstd = torch.rsqrt(var + 1e-5)
+                return (layout(ROW_SHAPE, seed=3), x, w, None, mean, rstd, 1e-5, with_weight, False, backend)
+
+            cases += [
+                Case("layer_norm_fwd", f"{name}-{label}", BOTH, ln),
+                Case("layer_norm_bwd", f"{name}-{label}", BOTH, ln_bwd),
+            ]
     return cases
 
 
@@ -191,6 +262,29 @@ def _rope_cases() -> list[Case]:
                     return (q, k, *_cos_sin(cs), backward, backend)
 
                 cases.append(Case("rope", f"{qk}-{cs}-{'bwd' if backward else 'fwd'}", BOTH, make))
+    return cases + _rope_table_cases()
+
+
+def _rope_table_cases() -> list[Case]:
+    """The tables and head dims the reference library's rope accepts: 2-D [seq, C] (the vision towers'), an odd
+    head_dim, a table wider than the head (liger-kernel's layout: one cos per pair from the first columns)."""
+    tables = {
+        "2d-table": (D, lambda: (rand(S, D, seed=4), rand(S, D, seed=5))),
+        "2d-wide-table": (D, lambda: (rand(S, 2 * D, seed=4), rand(S, 2 * D, seed=5))),
+        "odd-head-dim": (D + 1, lambda: _cos_sin("broadcast", D + 1)),
+        "odd-head-dim-2d-half-table": (D + 1, lambda: (rand(S, D // 2, seed=4), rand(S, D // 2, seed=5))),
+        "wide-per-batch-table": (D, lambda: _cos_sin("per-batch", D + 6)),
+    }
+    cases = []
+    for name, (d, table) in tables.items():
+        for qk in ("transposed", "fused-qkv"):
+            for backward in (False, True):
+
+                def make(backend, qk=qk, d=d, table=table, backward=backward):
+                    q, k = _qk(qk, grad=not backward, head_dim=d)
+                    return (q, k, *table(), backward, backend)
+
+                cases.append(Case("rope", f"{qk}-{name}-{'bwd' if backward else 'fwd'}", BOTH, make))
     return cases
 
 
@@ -198,27 +292,30 @@ def _glu_cases() -> list[Case]:
     cases = []
     for name, layout in ROW_LAYOUTS.items():
         for kind in (0, 1):
+            for scales in ((1.0, 1.0), (0.7, 1.3)):  # Falcon-H1's (gate, down) multipliers, or none
 
-            def fwd(backend, layout=layout, kind=kind):
-                return (layout(ROW_SHAPE, grad=True), layout(ROW_SHAPE, seed=1, grad=True), kind, backend)
+                def fwd(backend, layout=layout, kind=kind, scales=scales):
+                    gate, up = layout(ROW_SHAPE, grad=True), layout(ROW_SHAPE, seed=1, grad=True)
+                    return (gate, up, kind, *scales, backend)
 
-            def bwd(backend, layout=layout, kind=kind):
-                return (
-                    layout(ROW_SHAPE, seed=2),
-                    layout(ROW_SHAPE),
-                    layout(ROW_SHAPE, seed=1),
-                    kind,
-                    backend,
-                )
+                def bwd(backend, layout=layout, kind=kind, scales=scales):
+                    dc, gate, up = (layout(ROW_SHAPE, seed=seed) for seed in (2, 0, 1))
+                    return (dc, gate, up, kind, *scales, backend)
 
-            tag = f"{name}-{'swiglu' if kind == 0 else 'geglu'}"
-            cases += [Case("glu_fwd", tag, BOTH, fwd), Case("glu_bwd", tag, BOTH, bwd)]
+                act = "swiglu" if kind == 0 else "geglu"
+                tag = f"{name}-{act}-multipliers" if scales[0] != 1.0 else f"{name}-{act}"
+                cases += [Case("glu_fwd", tag, BOTH, fwd), Case("glu_bwd", tag, BOTH, bwd)]
 
     def chunked(backend):  # gate and up: the two halves of one fused gate_up projection
         gate, up = rand(2, 3, 48, grad=True).chunk(2, -1)
-        return (gate, up, 0, backend)
+        return (gate, up, 0, 1.0, 1.0, backend)
+
+    def chunked_bf16_multipliers(backend):
+        gate, up = rand(2, 3, 48, dtype=torch.bfloat16, grad=True).chunk(2, -1)
+        return (gate, up, 0, 0.5, 2.0, backend)
 
     cases.append(Case("glu_fwd", "3d-chunked-gate-up", BOTH, chunked))
+    cases.append(Case("glu_fwd", "3d-chunked-gate-up-bf16-multipliers", BOTH, chunked_bf16_multipliers))
     return cases
 
 
@@ -338,6 +435,21 @@ def _variant_cases() -> list[Case]:
                     return (q, k, cos, sin, rot, interleaved, per_pair, q.dtype, k.dtype, False)
 
                 cases.append(Case("rope_variant", f"{qk}-{cs}-{name}", TRITON, rope))
+    for qk in ("transposed", "fused-qkv"):
+        for name, (rot, interleaved, per_pair, width) in {
+            "2d-table-partial": (D // 2, False, False, D // 2),
+            "2d-wide-table-partial": (D // 2, False, False, D + 4),
+            "2d-wide-table-interleaved-per-pair": (D, True, True, D),
+            "odd-head-dim-half-split": (D, False, True, D // 2),
+        }.items():
+            d = D + 1 if name.startswith("odd") else D
+
+            def table_rope(_backend, qk=qk, layout=(rot, interleaved, per_pair), w=width, d=d):
+                q, k = _qk(qk, grad=True, head_dim=d)
+                cos, sin = rand(S, w, seed=4), rand(S, w, seed=5)
+                return (q, k, cos, sin, *layout, q.dtype, k.dtype, False)
+
+            cases.append(Case("rope_variant", f"{qk}-{name}", TRITON, table_rope))
     for name, layout in ROW_LAYOUTS.items():
         shape = (*ROW_SHAPE[:-1], 2 * ROW_SHAPE[-1])
         for kind in ("swiglu", "geglu", "clamped_swiglu"):

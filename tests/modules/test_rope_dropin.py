@@ -60,3 +60,25 @@ def test_interleaved_fp32_matches_ernie_in_value_and_dtype(model_type):
     q, k, cos, sin = _inputs(torch.float32, torch.float32)
     for a, b in zip(apply_rotary_pos_emb_interleaved_fp32(q, k, cos, sin), hf(q, k, cos, sin), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_interleaved_repeated_matches_glm4v_partial_rotary():
+    """glm4v's M-RoPE hands apply_rotary_pos_emb cos/sin repeat-interleaved over half the head
+    (partial_rotary_factor 0.5): the interleaved_repeated drop-in reproduces it, the glm4 interleaved one (which
+    reads the first half of cos as one value per pair) does not."""
+    from transformers.models.glm4v import modeling_glm4v
+
+    from liger_registry.modules.rope import (
+        apply_rotary_pos_emb_interleaved,
+        apply_rotary_pos_emb_interleaved_repeated,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 6, 16, generator=g), torch.randn(2, 2, 6, 16, generator=g)
+    angles = torch.randn(2, 6, 4, generator=g)
+    cos, sin = angles.cos().repeat_interleave(2, -1), angles.sin().repeat_interleave(2, -1)
+    ref = modeling_glm4v.apply_rotary_pos_emb(q, k, cos, sin)
+    for a, b in zip(apply_rotary_pos_emb_interleaved_repeated(q, k, cos, sin), ref, strict=True):
+        torch.testing.assert_close(a, b)
+    wrong = apply_rotary_pos_emb_interleaved(q, k, cos, sin)
+    assert not torch.allclose(wrong[0], ref[0], atol=1e-3)

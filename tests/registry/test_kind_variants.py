@@ -7,6 +7,7 @@ import typing
 import pydantic
 import pytest
 import torch
+from transformers.models.glm4v import modeling_glm4v
 from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.llama4 import modeling_llama4
 from transformers.models.phi3 import modeling_phi3
@@ -41,6 +42,7 @@ def test_every_rope_layout_but_rotate_half_has_its_drop_in():
         ("phi3", modeling_phi3, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb_partial),
         ("gpt_oss", modeling_gpt_oss, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb_half_split),
         ("llama4_text", modeling_llama4, "apply_rotary_emb", rope.apply_rotary_emb),
+        ("glm4v", modeling_glm4v, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb_interleaved_repeated),
     ],
 )
 def test_rope_layout_picks_the_drop_in(family, module, attr, drop_in):

@@ -78,3 +78,33 @@ def test_an_empty_eps_attr_list_is_a_registry_error(tmp_path):
     (tmp_path / "mini.yaml").write_text(entry)
     with pytest.raises(RegistryError, match="eps_attr: an empty list names no attribute"):
         load_registry(tmp_path)
+
+
+GEMMA4 = """\
+family: mini_gemma4
+model_types: [mini_gemma4]
+module: transformers.models.gemma4.modeling_gemma4
+causal_lm: Gemma4ForCausalLM
+kernels:
+  rms_norm: {targets: [Gemma4RMSNorm], casting_mode: gemma%s}
+"""
+
+
+@pytest.mark.parametrize("optional", [False, True])
+def test_weightless_norms_need_weight_optional(tmp_path, optional):
+    """Gemma4RMSNorm(with_scale=False) holds no weight attribute: accepted only when the family says such a
+    module normalises without a scale, else a problem naming the module (never silently unscaled)."""
+    (tmp_path / "g.yaml").write_text(GEMMA4 % (", weight_optional: true" if optional else ""))
+    registry = load_registry(tmp_path)
+    model = tiny_model("gemma4_text")
+    plan = make_plan(resolve(registry, registry.family("mini_gemma4")), model)
+    weightless = [
+        n for n, m in model.named_modules() if type(m).__name__ == "Gemma4RMSNorm" and not m.with_scale
+    ]
+    assert weightless
+    norms = {p.target for p in plan.replacements if p.kernel == "rms_norm"}
+    if optional:
+        assert set(weightless) <= norms and not [p for p in plan.problems if p.startswith("rms_norm")]
+    else:
+        assert not set(weightless) & norms
+        assert any(f"{weightless[0]} (Gemma4RMSNorm) has no attribute weight" in p for p in plan.problems)

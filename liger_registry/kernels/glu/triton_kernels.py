@@ -1,14 +1,17 @@
 """Triton gated activations and relu², forward and backward, elementwise in fp32:
 
-* SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate gate and up tensors;
+* SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate gate and up tensors, optionally with
+  Falcon-H1's multipliers: ``act(a * gate_multiplier) * b * down_multiplier``;
 * the same read straight from a fused gate_up projection (no split copy): over [gate | up] halves, and GPT-OSS's
   clamped SwiGLU over interleaved (gate, up) pairs; their backward writes one gradient shaped like gate_up;
 * relu² elementwise.
 
 Rounded as the modules they replace round (``act_fn(gate) * up`` in transformers' MLPs): the activation is
 computed in fp32 and rounded to the gate's dtype, then multiplied by ``up`` and rounded to the output dtype; each
-op of GPT-OSS's gate; relu² once. The backward is the gradient of that: d up = dc * the rounded activation,
-d gate = dc * up * act'(gate)."""
+op of GPT-OSS's gate; relu² once; a multiplier (``gate * m``, ``out * m`` in FalconH1MLP) rounds to the tensor's
+dtype as that eager multiply does. The multipliers are compile-time switches (``GATE_SCALED`` / ``DOWN_SCALED``),
+so the default 1.0 compiles the kernel without them. The backward is the gradient of that: d up = dc * the
+rounded activation, d gate = dc * up * act'(gate) (times the multipliers)."""
 
 from __future__ import annotations
 
@@ -18,16 +21,28 @@ import triton.language as tl
 
 from ..triton_utils import contiguous_rows, tanh
 
-SILU, GELU_TANH, CLAMPED = 0, 1, 2  # the kernels' KIND
+SILU, GELU_TANH, CLAMPED, LIMITED = 0, 1, 2, 3  # the kernels' KIND
 BLOCK = 1024  # elements per program of the elementwise kernels (columns per program of the gate_up kernels)
 
 
 @triton.jit
-def _glu_fwd_kernel(A, B, C, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _scaled_gate(A, offs, mask, gate_mul, GATE_SCALED: tl.constexpr):
+    """The gate in fp32, times ``gate_mul`` rounded to the gate's dtype (``gate * m`` in the gate's dtype)."""
+    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    if GATE_SCALED:
+        a = (a * gate_mul).to(A.dtype.element_ty).to(tl.float32)
+    return a
+
+
+@triton.jit
+def _glu_fwd_kernel(
+    A, B, C, n, gate_mul, down_mul,
+    KIND: tl.constexpr, GATE_SCALED: tl.constexpr, DOWN_SCALED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    a = _scaled_gate(A, offs, mask, gate_mul, GATE_SCALED)
     b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
     if KIND == 0:
         act = a * tl.sigmoid(a)
@@ -35,16 +50,24 @@ def _glu_fwd_kernel(A, B, C, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
         t = tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))
         act = 0.5 * a * (1.0 + t)
     act = act.to(A.dtype.element_ty).to(tl.float32)
-    tl.store(C + offs, (act * b).to(C.dtype.element_ty), mask=mask)
+    y = act * b
+    if DOWN_SCALED:  # the product rounds first, then the eager ``out * m``
+        y = y.to(C.dtype.element_ty).to(tl.float32) * down_mul
+    tl.store(C + offs, y.to(C.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _glu_bwd_kernel(DC, A, B, DA, DB, n, KIND: tl.constexpr, BLOCK: tl.constexpr):
+def _glu_bwd_kernel(
+    DC, A, B, DA, DB, n, gate_mul, down_mul,
+    KIND: tl.constexpr, GATE_SCALED: tl.constexpr, DOWN_SCALED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     dc = tl.load(DC + offs, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
+    if DOWN_SCALED:
+        dc = dc * down_mul
+    a = _scaled_gate(A, offs, mask, gate_mul, GATE_SCALED)
     b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
     if KIND == 0:
         sig = tl.sigmoid(a)
@@ -56,30 +79,57 @@ def _glu_bwd_kernel(DC, A, B, DA, DB, n, KIND: tl.constexpr, BLOCK: tl.constexpr
         act = 0.5 * a * (1.0 + t)
         dact = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * a * a)
     act = act.to(A.dtype.element_ty).to(tl.float32)
-    tl.store(DA + offs, (dc * b * dact).to(DA.dtype.element_ty), mask=mask)
+    da = dc * b * dact
+    if GATE_SCALED:
+        da = da * gate_mul
+    tl.store(DA + offs, da.to(DA.dtype.element_ty), mask=mask)
     tl.store(DB + offs, (dc * act).to(DB.dtype.element_ty), mask=mask)
 
 
-def glu_fwd(a: torch.Tensor, b: torch.Tensor, kind: int) -> torch.Tensor:
+def _multipliers(gate_multiplier: float, down_multiplier: float) -> dict:
+    """The kernels' multiplier arguments; a multiplier of 1.0 switches its multiply off at compile time."""
+    return dict(
+        gate_mul=float(gate_multiplier),
+        down_mul=float(down_multiplier),
+        GATE_SCALED=gate_multiplier != 1.0,
+        DOWN_SCALED=down_multiplier != 1.0,
+    )
+
+
+def glu_fwd(
+    a: torch.Tensor, b: torch.Tensor, kind: int, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
+) -> torch.Tensor:
     a, b = a.contiguous(), b.contiguous()
     c = torch.empty(a.shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     n = a.numel()
     if n:
-        _glu_fwd_kernel[(triton.cdiv(n, BLOCK),)](a, b, c, n, KIND=kind, BLOCK=BLOCK, num_warps=4)
+        _glu_fwd_kernel[(triton.cdiv(n, BLOCK),)](
+            a, b, c, n, KIND=kind, BLOCK=BLOCK, num_warps=4, **_multipliers(gate_multiplier, down_multiplier)
+        )
     return c
 
 
-def glu_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, kind: int):
+def glu_bwd(
+    dc: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    kind: int,
+    gate_multiplier: float = 1.0,
+    down_multiplier: float = 1.0,
+):
     dc, a, b = dc.contiguous(), a.contiguous(), b.contiguous()
     da = torch.empty_like(a)
     db = torch.empty_like(b)
     n = a.numel()
     if n:
-        _glu_bwd_kernel[(triton.cdiv(n, BLOCK),)](dc, a, b, da, db, n, KIND=kind, BLOCK=BLOCK, num_warps=4)
+        _glu_bwd_kernel[(triton.cdiv(n, BLOCK),)](
+            dc, a, b, da, db, n, KIND=kind, BLOCK=BLOCK, num_warps=4,
+            **_multipliers(gate_multiplier, down_multiplier),
+        )  # fmt: skip
     return da, db
 
 
-_KINDS = {"swiglu": SILU, "geglu": GELU_TANH, "clamped_swiglu": CLAMPED}
+_KINDS = {"swiglu": SILU, "geglu": GELU_TANH, "clamped_swiglu": CLAMPED, "limited_swiglu": LIMITED}
 
 
 @triton.jit
@@ -107,7 +157,9 @@ def _act_and_grad(a, b, limit, alpha, KIND: tl.constexpr, DT: tl.constexpr):
         y = act * b
         da = b * dact
         db = act
-    else:  # GPT-OSS: gate clamped above, up clamped both ways (gradients pass where the clamp is inactive)
+    elif (
+        KIND == 2
+    ):  # GPT-OSS: gate clamped above, up clamped both ways (gradients pass where the clamp is inactive)
         g = _round(tl.minimum(a, limit), DT)
         u = _round(tl.minimum(tl.maximum(b, -limit), limit), DT)
         sig = _round(tl.sigmoid(_round(g * alpha, DT)), DT)
@@ -116,6 +168,14 @@ def _act_and_grad(a, b, limit, alpha, KIND: tl.constexpr, DT: tl.constexpr):
         y = u1 * glu
         da = tl.where(a <= limit, u1 * (sig + g * alpha * sig * (1.0 - sig)), 0.0)
         db = tl.where((b >= -limit) & (b <= limit), glu, 0.0)
+    else:  # DeepSeek-V4: silu(gate) * up with gate clamped above and up both ways, a [gate | up] split
+        g = _round(tl.minimum(a, limit), DT)
+        u = _round(tl.minimum(tl.maximum(b, -limit), limit), DT)
+        sig = tl.sigmoid(g)
+        act = _round(g * sig, DT)
+        y = act * u
+        da = tl.where(a <= limit, u * sig * (1.0 + g * (1.0 - sig)), 0.0)
+        db = tl.where((b >= -limit) & (b <= limit), act, 0.0)
     return y, da, db
 
 

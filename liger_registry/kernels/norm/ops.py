@@ -21,6 +21,12 @@ def _empty(like: Tensor) -> Tensor:
     return like.new_empty(0)
 
 
+def _no_grad_of(weight: Tensor | None, x: Tensor) -> Tensor:
+    """What a backward returns for a weight gradient it does not compute (the op returns a tensor): empty, of the
+    weight's dtype, or of x's for a norm without a weight."""
+    return _empty(x if weight is None else weight)
+
+
 def _max_cols(limit: int = 65536):
     def check(x, *args, **kwargs):
         h = x.shape[-1] if isinstance(x, Tensor) and x.dim() else 0
@@ -31,7 +37,7 @@ def _max_cols(limit: int = 65536):
 
 # ---------------------------------------------------------------- RMSNorm
 def _rms_norm_fwd_impl(
-    x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str, backend: str
+    x: Tensor, weight: Tensor | None, eps: float, offset: float, casting_mode: str, backend: str
 ) -> tuple[Tensor, Tensor]:
     if backend == "torch":
         xf = x.float()
@@ -43,7 +49,7 @@ def _rms_norm_fwd_impl(
 def _rms_norm_bwd_impl(
     dy: Tensor,
     x: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     rstd: Tensor,
     eps: float,
     offset: float,
@@ -53,26 +59,32 @@ def _rms_norm_bwd_impl(
 ) -> tuple[Tensor, Tensor]:
     if backend == "torch":
         dx, dw = tm.rms_norm_bwd_torch(dy, x, weight, eps, offset, casting_mode, need_dw)
-        return dx.contiguous(), dw if dw is not None else _empty(weight)
+        return dx.contiguous(), dw if dw is not None else _no_grad_of(weight, x)
     dx, dw = tk.rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw)
-    return dx, dw if dw is not None else _empty(weight)
+    return dx, dw if dw is not None else _no_grad_of(weight, x)
 
 
 rms_norm_bwd = define_op("rms_norm_bwd", _rms_norm_bwd_impl)
 
 
 def _rms_norm_bwd_in_place_impl(
-    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting_mode: str, need_dw: bool
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    rstd: Tensor,
+    offset: float,
+    casting_mode: str,
+    need_dw: bool,
 ) -> Tensor:
     """Backward that writes dx over dy (saves one activation-sized buffer); dy must be x's dtype, contiguous."""
     dx, dw = tk.rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw, in_place=True)
     if dx.data_ptr() != dy.data_ptr():
         dy.copy_(dx)
-    return dw if dw is not None else _empty(weight)
+    return dw if dw is not None else _no_grad_of(weight, x)
 
 
 def _rms_norm_bwd_in_place_fake(dy, x, weight, rstd, offset, casting_mode, need_dw):
-    return weight.new_empty(weight.shape) if need_dw else _empty(weight)
+    return weight.new_empty(weight.shape) if need_dw and weight is not None else _no_grad_of(weight, x)
 
 
 # Triton only (no backend argument), so its fake is given
@@ -125,7 +137,7 @@ def rms_norm_triton(x, weight, eps, offset=0.0, casting_mode="llama", in_place_b
 
 # ---------------------------------------------------------------- LayerNorm
 def _layer_norm_fwd_impl(
-    x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, backend: str
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, backend: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     if backend == "torch":
         xf = x.float().reshape(-1, x.shape[-1])
@@ -137,7 +149,7 @@ def _layer_norm_fwd_impl(
 def _layer_norm_bwd_impl(
     dy: Tensor,
     x: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     bias: Tensor | None,
     mean: Tensor,
     rstd: Tensor,
@@ -151,7 +163,11 @@ def _layer_norm_bwd_impl(
         dx = dx.contiguous()
     else:
         dx, dw, db = tk.layer_norm_bwd(dy, x, weight, mean, rstd, need_dw, need_db and bias is not None)
-    return dx, dw if dw is not None else _empty(weight), db if db is not None else _empty(weight)
+    return (
+        dx,
+        dw if dw is not None else _no_grad_of(weight, x),
+        db if db is not None else _no_grad_of(weight, x),
+    )
 
 
 layer_norm_bwd = define_op("layer_norm_bwd", _layer_norm_bwd_impl)
@@ -185,14 +201,14 @@ def layer_norm_triton(x, weight, bias, eps):
 # ---------------------------------------------------------------- residual add + RMSNorm
 # Triton only (no backend argument: the torch path is add_rms_norm_torch under autograd), so the fakes are given.
 def _add_rms_norm_fwd_impl(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str
+    x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, offset: float, casting_mode: str
 ) -> tuple[Tensor, Tensor, Tensor]:
     return tk.add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
 
 
 def _add_rms_norm_fwd_fake(x, residual, weight, eps, offset, casting_mode):
     s_dtype = torch.promote_types(x.dtype, residual.dtype)
-    y_dtype = torch.promote_types(s_dtype, weight.dtype) if casting_mode == "llama" else s_dtype
+    y_dtype = tk.norm_out_dtype(s_dtype, weight, casting_mode)
     rows = x.numel() // max(x.shape[-1], 1)
     return (
         x.new_empty(x.shape, dtype=s_dtype),
@@ -205,19 +221,20 @@ def _add_rms_norm_bwd_impl(
     dy: Tensor | None,
     ds: Tensor | None,
     s: Tensor,
-    weight: Tensor,
+    weight: Tensor | None,
     rstd: Tensor,
     offset: float,
     casting_mode: str,
     need_dw: bool,
 ) -> tuple[Tensor, Tensor]:
-    """(d_sum, dw); dw is empty when it is not computed (no ``need_dw`` or no ``dy``)."""
+    """(d_sum, dw); dw is empty when it is not computed (no ``need_dw``, no ``dy`` or no weight)."""
     d, dw = tk.add_rms_norm_bwd(dy, ds, s, weight, rstd, offset, casting_mode, need_dw)
-    return d, _empty(weight) if dw is None else dw
+    return d, _no_grad_of(weight, s) if dw is None else dw
 
 
 def _add_rms_norm_bwd_fake(dy, ds, s, weight, rstd, offset, casting_mode, need_dw):
-    dw = weight.new_empty(weight.shape) if (need_dw and dy is not None) else _empty(weight)
+    computed = need_dw and dy is not None and weight is not None
+    dw = weight.new_empty(weight.shape) if computed else _no_grad_of(weight, s)
     return s.new_empty(s.shape), dw
 
 

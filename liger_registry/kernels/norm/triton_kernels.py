@@ -1,5 +1,6 @@
-"""Triton RMSNorm (llama / gemma / none casting, offset), fused residual add + RMSNorm, and LayerNorm: forward
-and backward row kernels and their launchers; RMSNorm and add + RMSNorm share one backward kernel.
+"""Triton RMSNorm (llama / gemma / none casting, offset, with or without a weight), fused residual add + RMSNorm,
+and LayerNorm: forward and backward row kernels and their launchers; RMSNorm and add + RMSNorm share one backward
+kernel. Without a weight (``HAS_W`` off) the normalised value is the output: no scale, no offset, no dw.
 
 Host time per call matters here (see benchmarks/NOTES.md): launch constants are made once per width, and the
 backward's weight (and bias) gradient partials are summed and cast by one kernel instead of a torch ``sum`` +
@@ -60,29 +61,30 @@ def _sum_parts(parts: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
 
 @triton.jit
 def _rms_fwd_kernel(
-    X, stride_x, W, Y, stride_y, RSTD, n_cols, eps, offset, MODE: tl.constexpr, BLOCK: tl.constexpr
-):
+    X, stride_x, W, Y, stride_y, RSTD, n_cols, eps, offset,
+    MODE: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x_raw = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
-    w = tl.load(W + cols, mask=mask, other=0.0)
     if MODE == 2:
         x = x_raw
         ms = tl.sum((x * x).to(tl.float32), 0) / n_cols
         rstd = tl.math.rsqrt(ms + eps)
-        y = x * rstd.to(x.dtype) * (offset + w).to(x.dtype)
+        y = x * rstd.to(x.dtype)
+        if HAS_W:
+            y = y * (offset + tl.load(W + cols, mask=mask, other=0.0)).to(x.dtype)
     else:
         x = x_raw.to(tl.float32)
         ms = tl.sum(x * x, 0) / n_cols
         rstd = tl.math.rsqrt(ms + eps)
-        xn = x * rstd
+        y = x * rstd
         if MODE == 0:
             # llama: cast the normalised x back to the input dtype, then multiply by (offset + w)
-            xn = xn.to(x_raw.dtype).to(tl.float32)
-            y = xn * (offset + w.to(tl.float32))
-        else:
-            y = xn * (offset + w.to(tl.float32))
+            y = y.to(x_raw.dtype).to(tl.float32)
+        if HAS_W:
+            y = y * (offset + tl.load(W + cols, mask=mask, other=0.0).to(tl.float32))
     tl.store(RSTD + row, rstd)
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
@@ -91,14 +93,17 @@ def _rms_fwd_kernel(
 def _rms_bwd_kernel(
     DY, stride_dy, DS, stride_ds, X, stride_x, W, RSTD, DX, stride_dx, DW_PART,
     n_rows, n_cols, offset, rows_per_prog,
-    MODE: tl.constexpr, HAS_DY: tl.constexpr, HAS_DS: tl.constexpr, HAS_DW: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, HAS_W: tl.constexpr, HAS_DY: tl.constexpr, HAS_DS: tl.constexpr, HAS_DW: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     """dx of RMSNorm over X (HAS_DY: through the norm from DY) plus, for the fused add + RMSNorm, the sum's own
-    gradient DS (HAS_DS); each program loops over its rows and keeps one fp32 partial row of dw."""
+    gradient DS (HAS_DS); each program loops over its rows and keeps one fp32 partial row of dw (HAS_DW, which
+    needs HAS_W)."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
+    if HAS_W:
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
     dw = tl.zeros([BLOCK], dtype=tl.float32)
     start = pid * rows_per_prog
     end = tl.minimum(start + rows_per_prog, n_rows)
@@ -115,7 +120,10 @@ def _rms_bwd_kernel(
                     dw += dy * xhat.to(x_raw.dtype).to(tl.float32)
                 else:
                     dw += dy * xhat
-            dxhat = dy * w
+            if HAS_W:
+                dxhat = dy * w
+            else:
+                dxhat = dy
             dx = rstd * (dxhat - xhat * (tl.sum(dxhat * xhat, 0) / n_cols))
             if HAS_DS:
                 dx += tl.load(DS + row * stride_ds + cols, mask=mask, other=0.0).to(tl.float32)
@@ -124,6 +132,18 @@ def _rms_bwd_kernel(
         tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
     if HAS_DW:
         tl.store(DW_PART + pid * n_cols + cols, dw, mask=mask)
+
+
+def _weight_arg(weight: torch.Tensor | None, x2: torch.Tensor) -> torch.Tensor:
+    """The kernels' W: the weight, or any tensor when there is none (HAS_W off: never read)."""
+    return x2 if weight is None else weight.contiguous()
+
+
+def norm_out_dtype(x_dtype: torch.dtype, weight: torch.Tensor | None, casting_mode: str) -> torch.dtype:
+    """llama multiplies by the weight in the weight's dtype (the result promotes); the others cast back."""
+    if casting_mode == "llama" and weight is not None:
+        return torch.promote_types(x_dtype, weight.dtype)
+    return x_dtype
 
 
 def _rms_bwd_launch(dy, ds, x2, weight, rstd, dx, offset: float, casting_mode: str, need_dw: bool):
@@ -137,26 +157,26 @@ def _rms_bwd_launch(dy, ds, x2, weight, rstd, dx, offset: float, casting_mode: s
         dy2 = x2 if dy is None else dy
         ds2 = x2 if ds is None else ds
         _rms_bwd_kernel[(progs,)](
-            dy2, dy2.stride(0), ds2, ds2.stride(0), x2, x2.stride(0), weight.contiguous(), rstd, dx, dx.stride(0),
-            rstd if dw_part is None else dw_part, n, h, float(offset), per, MODE=_MODES[casting_mode],
-            HAS_DY=dy is not None, HAS_DS=ds is not None, HAS_DW=need_dw, BLOCK=block, num_warps=warps,
+            dy2, dy2.stride(0), ds2, ds2.stride(0), x2, x2.stride(0), _weight_arg(weight, x2), rstd, dx,
+            dx.stride(0), rstd if dw_part is None else dw_part, n, h, float(offset), per, MODE=_MODES[casting_mode],
+            HAS_W=weight is not None, HAS_DY=dy is not None, HAS_DS=ds is not None, HAS_DW=need_dw, BLOCK=block,
+            num_warps=warps,
         )  # fmt: skip
     return dw_part
 
 
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, casting_mode: str):
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str):
     shape = x.shape
     x2 = tu.contiguous_rows(x)
     n, h = x2.shape
-    out_dtype = torch.promote_types(x.dtype, weight.dtype) if casting_mode == "llama" else x.dtype
-    y = torch.empty((n, h), dtype=out_dtype, device=x.device)
+    y = torch.empty((n, h), dtype=norm_out_dtype(x.dtype, weight, casting_mode), device=x.device)
     rstd = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
         block, warps = _row_launch(h)
         _rms_fwd_kernel[(n,)](
             x2,
             x2.stride(0),
-            weight.contiguous(),
+            _weight_arg(weight, x2),
             y,
             y.stride(0),
             rstd,
@@ -164,6 +184,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: floa
             float(eps),
             float(offset),
             MODE=_MODES[casting_mode],
+            HAS_W=weight is not None,
             BLOCK=block,
             num_warps=warps,
         )
@@ -181,6 +202,7 @@ def rms_norm_bwd(
         dx = dy2
     else:
         dx = torch.empty((n, h), dtype=x.dtype, device=x.device)
+    need_dw = need_dw and weight is not None
     dw_part = _rms_bwd_launch(dy2, None, x2, weight, rstd, dx, offset, casting_mode, need_dw)
     dw = None
     if need_dw:
@@ -190,8 +212,9 @@ def rms_norm_bwd(
 
 @triton.jit
 def _ln_fwd_kernel(
-    X, stride_x, W, B, Y, stride_y, MEAN, RSTD, n_cols, eps, HAS_B: tl.constexpr, BLOCK: tl.constexpr
-):
+    X, stride_x, W, B, Y, stride_y, MEAN, RSTD, n_cols, eps,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -200,8 +223,9 @@ def _ln_fwd_kernel(
     xc = tl.where(mask, x - mean, 0.0)
     var = tl.sum(xc * xc, 0) / n_cols
     rstd = tl.math.rsqrt(var + eps)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    y = xc * rstd * w
+    y = xc * rstd
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_B:
         y += tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(MEAN + row, mean)
@@ -225,6 +249,7 @@ def _ln_bwd_kernel(
     n_rows,
     n_cols,
     rows_per_prog,
+    HAS_W: tl.constexpr,
     HAS_DW: tl.constexpr,
     HAS_DB: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -232,7 +257,8 @@ def _ln_bwd_kernel(
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_W:
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK], dtype=tl.float32)
     db = tl.zeros([BLOCK], dtype=tl.float32)
     start = pid * rows_per_prog
@@ -245,7 +271,10 @@ def _ln_bwd_kernel(
         mean = tl.load(MEAN + row)
         rstd = tl.load(RSTD + row)
         xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-        wdy = w * dy
+        if HAS_W:
+            wdy = w * dy
+        else:
+            wdy = dy
         c1 = tl.sum(xhat * wdy, 0) / n_cols
         c2 = tl.sum(wdy, 0) / n_cols
         dx = (wdy - (xhat * c1 + c2)) * rstd
@@ -261,6 +290,7 @@ def _ln_bwd_kernel(
 
 
 def layer_norm_fwd(x, weight, bias, eps: float):
+    """LayerNorm over rows; ``weight`` / ``bias`` None: no scale / no shift."""
     shape = x.shape
     x2 = tu.contiguous_rows(x)
     n, h = x2.shape
@@ -272,14 +302,15 @@ def layer_norm_fwd(x, weight, bias, eps: float):
         _ln_fwd_kernel[(n,)](
             x2,
             x2.stride(0),
-            weight.contiguous(),
-            bias.contiguous() if bias is not None else weight,
+            _weight_arg(weight, x2),
+            bias.contiguous() if bias is not None else x2,
             y,
             y.stride(0),
             mean,
             rstd,
             h,
             float(eps),
+            HAS_W=weight is not None,
             HAS_B=bias is not None,
             BLOCK=block,
             num_warps=warps,
@@ -288,7 +319,10 @@ def layer_norm_fwd(x, weight, bias, eps: float):
 
 
 def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
+    """dx, and dw / db in the weight's dtype when asked; no dw without a weight."""
     shape = x.shape
+    need_dw = need_dw and weight is not None
+    grad_dtype = x.dtype if weight is None else weight.dtype
     x2 = tu.contiguous_rows(x)
     dy2 = tu.contiguous_rows(dy)
     n, h = x2.shape
@@ -304,7 +338,7 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
             dy2.stride(0),
             x2,
             x2.stride(0),
-            weight.contiguous(),
+            _weight_arg(weight, x2),
             mean,
             rstd,
             dx,
@@ -314,6 +348,7 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
             n,
             h,
             per,
+            HAS_W=weight is not None,
             HAS_DW=need_dw,
             HAS_DB=need_db,
             BLOCK=block,
@@ -321,7 +356,7 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
         )
     if not sets:
         return dx.view(shape), None, None
-    sums = _sum_parts(parts, weight.dtype) if n else [torch.zeros_like(weight) for _ in range(sets)]
+    sums = _sum_parts(parts, grad_dtype) if n else [x.new_zeros(h, dtype=grad_dtype) for _ in range(sets)]
     dw = sums[0] if need_dw else None
     db = sums[-1] if need_db else None
     return dx.view(shape), dw, db
@@ -330,7 +365,7 @@ def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
 @triton.jit
 def _add_rms_fwd_kernel(
     X, stride_x, R, stride_r, W, S, stride_s, Y, stride_y, RSTD, n_cols, eps, offset,
-    MODE: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -341,12 +376,13 @@ def _add_rms_fwd_kernel(
     tl.store(S + row * stride_s + cols, s_raw, mask=mask)
     s = s_raw.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(s * s, 0) / n_cols + eps)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    sn = s * rstd
+    y = s * rstd
     if MODE == 0:  # llama: the normalised value is cast to the input dtype before the weight multiplies it
-        sn = sn.to(S.dtype.element_ty).to(tl.float32)
+        y = y.to(S.dtype.element_ty).to(tl.float32)
+    if HAS_W:
+        y = y * (offset + tl.load(W + cols, mask=mask, other=0.0).to(tl.float32))
     tl.store(RSTD + row, rstd)
-    tl.store(Y + row * stride_y + cols, (sn * (offset + w)).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mode: str):
@@ -355,28 +391,28 @@ def add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mod
     x2, r2 = tu.contiguous_rows(x), tu.contiguous_rows(residual)
     n, h = x2.shape
     s_dtype = torch.promote_types(x.dtype, residual.dtype)
-    y_dtype = torch.promote_types(s_dtype, weight.dtype) if casting_mode == "llama" else s_dtype
     s = torch.empty((n, h), dtype=s_dtype, device=x.device)
-    y = torch.empty((n, h), dtype=y_dtype, device=x.device)
+    y = torch.empty((n, h), dtype=norm_out_dtype(s_dtype, weight, casting_mode), device=x.device)
     rstd = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
         block, warps = _row_launch(h)
         _add_rms_fwd_kernel[(n,)](
-            x2, x2.stride(0), r2, r2.stride(0), weight.contiguous(), s, s.stride(0), y, y.stride(0), rstd,
-            h, float(eps), float(offset), MODE=_MODES[casting_mode], BLOCK=block, num_warps=warps,
+            x2, x2.stride(0), r2, r2.stride(0), _weight_arg(weight, x2), s, s.stride(0), y, y.stride(0), rstd,
+            h, float(eps), float(offset), MODE=_MODES[casting_mode], HAS_W=weight is not None, BLOCK=block,
+            num_warps=warps,
         )  # fmt: skip
     return s.view(shape), y.view(shape), rstd
 
 
 def add_rms_norm_bwd(dy, ds, s, weight, rstd, offset: float, casting_mode: str, need_dw: bool):
     """``(d_sum, dw)``: the gradient reaching ``s`` (from ds and through the norm from dy), which is the
-    gradient of both x and residual, and the weight's (None unless ``need_dw`` and dy is given)."""
+    gradient of both x and residual, and the weight's (None unless ``need_dw``, a weight and dy are given)."""
     shape = s.shape
     s2 = tu.contiguous_rows(s)
     n, h = s2.shape
     dy2 = tu.contiguous_rows(dy) if dy is not None else None
     ds2 = tu.contiguous_rows(ds) if ds is not None else None
-    need_dw = need_dw and dy is not None
+    need_dw = need_dw and dy is not None and weight is not None
     dx = torch.empty((n, h), dtype=s.dtype, device=s.device)
     dw_part = _rms_bwd_launch(dy2, ds2, s2, weight, rstd, dx, offset, casting_mode, need_dw)
     dw = (dw_part.sum(0).to(weight.dtype) if n else torch.zeros_like(weight)) if need_dw else None

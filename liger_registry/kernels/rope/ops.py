@@ -30,9 +30,11 @@ def rotate(
     backward: bool,
     backend: str,
 ) -> tuple[Tensor, Tensor]:
-    """The one implementation of both ops: ``backward`` rotates the gradients by the transposed rotation."""
+    """The one implementation of both ops: ``backward`` rotates the gradients by the transposed rotation.
+    cos/sin: [batch or 1, seq, C] or [seq, C], at least as wide as the rotation reads."""
     if cos.shape != sin.shape:
         raise ValueError("rope: cos and sin shapes differ")
+    cos, sin = torch_math.rope_table(cos, sin, rotary_dim, cos_per_pair)
     opts = (rotary_dim, interleaved, cos_per_pair, q_dtype, k_dtype, backward)
     if backend == "torch":
         return torch_math.rotate(q, k, cos, sin, *opts)
@@ -44,7 +46,8 @@ def _rope_impl(
 ) -> tuple[Tensor, Tensor]:
     # backward: q, k are the gradients, which keep their own dtypes
     q_dtype, k_dtype = torch_math.out_dtypes(q, k, cos, keep=backward)
-    return rotate(q, k, cos, sin, q.shape[-1], False, False, q_dtype, k_dtype, backward, backend)
+    rot, per_pair = torch_math.plain_layout(q.shape[-1], cos.shape[-1])
+    return rotate(q, k, cos, sin, rot, False, per_pair, q_dtype, k_dtype, backward, backend)
 
 
 def _variant_impl(
@@ -109,9 +112,16 @@ def rope_triton(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor,
 
 
 def rope_variant_triton(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved=False, cos_per_pair=False, upcast=False
+    q: Tensor,
+    k: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved=False,
+    cos_per_pair=False,
+    upcast=False,
+    rotary_dim=None,
 ) -> tuple[Tensor, Tensor]:
-    rot = torch_math.rotary_dim_of(cos, cos_per_pair)
+    rot = torch_math.rotary_dim_of(cos, cos_per_pair) if rotary_dim is None else rotary_dim
     q_dtype, k_dtype = torch_math.out_dtypes(q, k, cos, keep=upcast)
     return ROPE_VARIANT_OP(q, k, cos, sin, rot, interleaved, cos_per_pair, q_dtype, k_dtype, False)
 
