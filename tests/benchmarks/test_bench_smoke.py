@@ -190,8 +190,11 @@ def test_step_cpu_smoke_and_merge(tmp_path: Path) -> None:
         "oc>=1.10x hc",
         "peak<=liger",
     }
+    has_matplotlib = (
+        importlib.util.find_spec("matplotlib") is not None
+    )  # the bench extra; CI installs test only
     for png in data["meta"]["png"]:
-        assert Path(png).is_file(), png
+        assert Path(png).is_file() if has_matplotlib else png.startswith("not drawn (No module named"), png
 
     # a run split over device calls: joined from its JSONs, without running anything
     step = _load("bench_step.py")
