@@ -199,7 +199,11 @@ def _list(args) -> int:
             [name, ", ".join(loaded.entry.model_types), on, off, ", ".join(loaded.entry.tested) or "-"]
         )
     print_table(["family", "model types", "kernels", "off", "transformers tested"], rows)
-    print(f"{len(registry.families)} families, {len(registry.by_model_type)} model types")
+    every_kernel_on = sum(row[3] == "-" for row in rows)
+    print(
+        f"{len(registry.families)} families, {len(registry.by_model_type)} model types, "
+        f"{every_kernel_on} families with every kernel on"
+    )
     return 0
 
 

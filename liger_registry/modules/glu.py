@@ -12,19 +12,27 @@ from liger_registry.modules.wiring import makes
 from liger_registry.schemas import GluSpec
 
 
+def _clamped(gate_out, up_out, limit):
+    """DeepseekV4MLP's clamps (exact, so done where it does them, before the kernel): the gate above at
+    ``limit``, up to ``[-limit, limit]``."""
+    if limit is None:
+        return gate_out, up_out
+    return gate_out.clamp(max=limit), up_out.clamp(min=-limit, max=limit)
+
+
 def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
     """``down(act(gate(x) * gate_multiplier) * up(x)) * down_multiplier``; the multipliers are the MLP's own
     ``gate_multiplier`` / ``down_multiplier`` (FalconH1MLP's ``config.mlp_multipliers``), 1.0 for an MLP without
     them. The gate multiplier runs in the kernel; the down one multiplies the down projection's output, as
-    FalconH1MLP does: moved before the projection it would round elsewhere in half precision and scale no bias."""
-    gate, up, down = spec.gate, spec.up, spec.down
+    FalconH1MLP does: moved before the projection it would round elsewhere in half precision and scale no bias.
+    With ``spec.limit``, gate and up are clamped at the MLP's limit first."""
+    gate, up, down, limit = spec.gate, spec.up, spec.down, spec.limit
 
     def forward(self, x):
-        h = fused(
-            getattr(self, gate)(x),
-            getattr(self, up)(x),
-            gate_multiplier=getattr(self, "gate_multiplier", 1.0),
-        )
+        g, u = getattr(self, gate)(x), getattr(self, up)(x)
+        if limit is not None:
+            g, u = _clamped(g, u, getattr(self, limit))
+        h = fused(g, u, gate_multiplier=getattr(self, "gate_multiplier", 1.0))
         out = getattr(self, down)(h)
         down_multiplier = getattr(self, "down_multiplier", 1.0)
         return out if down_multiplier == 1.0 else out * down_multiplier

@@ -149,3 +149,21 @@ def apply_rotary_pos_emb_one_tensor(x, cos, sin, unsqueeze_dim=1):
     (xh,) = _heads_first(unsqueeze_dim, x)
     out, _ = rope_variant(xh, xh[:, :0], cos, sin)
     return _heads_first(unsqueeze_dim, out)[0]
+
+
+@makes("rope", variant="one_tensor_trailing")
+def apply_rotary_pos_emb_one_tensor_trailing(x, cos, sin, unsqueeze_dim=1):
+    """DeepSeek-V4's ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)``: each head is ``[nope | rope]``; cos/sin
+    hold one value per pair ``[batch, seq, R / 2]`` (V4 repeat-interleaves them to R), interleaved pairs (2j, 2j+1)
+    of the trailing ``R`` channels rotated in fp32, the nope channels passed through; result in x's dtype. V4
+    rotates q, the shared kv, the compressed entries, and the attention output back with ``-sin``."""
+    # cat(c, c): pair j reads column j for both dims, and the rotation is V4's formula in fp32 op for op (one cos
+    # per pair with upcast would be llama4's complex product, which rounds differently on CPU).
+    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    rot = cos.shape[-1]
+    (xh,) = _heads_first(unsqueeze_dim, x)
+    nope = xh.shape[-1] - rot
+    rope_part = xh[..., nope:]
+    out, _ = rope_variant(rope_part, rope_part[:, :0], cos, sin, interleaved=True, upcast=True)
+    out = torch.cat((xh[..., :nope], out), dim=-1)
+    return _heads_first(unsqueeze_dim, out)[0]

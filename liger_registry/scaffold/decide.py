@@ -27,6 +27,8 @@ from liger_registry.schemas.kernels import ROPE_LAYOUTS, RopeSpec
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
 GLU_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("gate", "up", "down"))
 FUSED_GLU = ("gate_up_proj", "gate_up")
+# Module attributes that may hold a clamp limit of the gate and up (DeepseekV4MLP's `limit`).
+GLU_LIMITS = ("limit", "swiglu_limit")
 ACT_CONFIG_ATTRS = ("hidden_act", "hidden_activation")
 FP32_TOL = 1e-5
 
@@ -320,17 +322,41 @@ def fused_glu_projections(module: nn.Module) -> tuple[str, str] | None:
     return (gate_up, down) if gate_up is not None and down is not None else None
 
 
-def _glu_errors(module: nn.Module, x: torch.Tensor, names: tuple[str, ...]) -> dict[str, float]:
-    """Max rel diff of each gated kernel's formula from the module's output; names: (gate, up, down), or
-    (gate_up, down) split by chunk(2) with the gate first, as glu_fused splits it."""
+def _glu_limit(module: nn.Module) -> str | None:
+    """The module's numeric clamp-limit attribute, if it has one."""
+    for name in GLU_LIMITS:
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return name
+    return None
+
+
+def _glu_errors(
+    module: nn.Module, x: torch.Tensor, names: tuple[str, ...]
+) -> dict[tuple[str, str | None], float]:
+    """Max rel diff of each gated kernel's formula from the module's output, keyed (kernel, limit attribute);
+    names: (gate, up, down), or (gate_up, down) split by chunk(2) with the gate first, as glu_fused splits it.
+    A module with a limit attribute runs with the limit lowered to the gate's median magnitude, so only a
+    formula that clamps where the module does matches it."""
     with torch.no_grad():
-        want = module(x)
         if len(names) == 2:
+            want = module(x)
             gate_up, down = (getattr(module, n) for n in names)
-            return {k: rel_err(down(glu_fused_torch(gate_up(x), k)), want) for k in GLU_KINDS}
+            return {(k, None): rel_err(down(glu_fused_torch(gate_up(x), k)), want) for k in GLU_KINDS}
         gate, up, down = (getattr(module, n) for n in names)
+        g, u = gate(x), up(x)
         fns = {"swiglu": swiglu_torch, "geglu": geglu_torch}
-        return {k: rel_err(down(f(gate(x), up(x))), want) for k, f in fns.items()}
+        if (attr := _glu_limit(module)) is None:
+            want = module(x)
+            return {(k, None): rel_err(down(f(g, u)), want) for k, f in fns.items()}
+        module = copy.copy(module)  # the lowered limit on a shallow copy: the captured instance keeps its own
+        limit = float(g.abs().median())
+        setattr(module, attr, limit)
+        want = module(x)
+        clamped = (g.clamp(max=limit), u.clamp(min=-limit, max=limit))
+        errs = {(k, None): rel_err(down(f(g, u)), want) for k, f in fns.items()}
+        errs.update({(k, attr): rel_err(down(f(*clamped)), want) for k, f in fns.items()})
+        return errs
 
 
 def _glu_formula(names: tuple[str, ...]) -> str:
@@ -349,23 +375,23 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     if names is None:
         verdict.reason = f"{name} has a fused gate_up projection but no down projection the kernel can name"
         return verdict
-    found: set[str] = set()
+    found: set[tuple[str, str | None]] = set()
     for index, instance in enumerate(captured.instances[:3]):
         module = _with_random_weight(instance, index).eval()
         x = _input(captured, index, getattr(module, names[0]).in_features)
         errs = _glu_errors(module, x, names)
-        kernel = min(errs, key=errs.get)
-        if errs[kernel] > FP32_TOL:
+        best = min(errs, key=errs.get)
+        if errs[best] > FP32_TOL:
             verdict.reason = (
                 f"{name} does not compute {_glu_formula(names)} with silu or gelu_tanh "
-                f"(best max rel diff {errs[kernel]:.2g}: another activation, another split, or multipliers)"
+                f"(best max rel diff {errs[best]:.2g}: another activation, another split, or multipliers)"
             )
             return verdict
-        found.add(kernel)
+        found.add(best)
     if len(found) > 1:
-        verdict.reason = f"{name}'s instances use different activations"
+        verdict.reason = f"{name}'s instances use different activations or clamps"
         return verdict
-    verdict.kernel = found.pop()
+    verdict.kernel, limit = found.pop()
     act_attr = next((a for a in ACT_CONFIG_ATTRS if getattr(config, a, None)), None)
     # No activation in the config: the class hard-codes it, and the numbers above said which.
     if act_attr is not None and getattr(config, act_attr) not in KINDS[verdict.kernel].activations:
@@ -378,6 +404,8 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     roles = ("gate_up", "down") if len(names) == 2 else ("gate", "up", "down")
     spec = dict(zip(roles, names, strict=True))
     verdict.spec = {k: v for k, v in spec.items() if k == "gate_up" or v != f"{k}_proj"}
+    if limit is not None:
+        verdict.spec["limit"] = limit
     if act_attr not in (None, "hidden_act"):
         verdict.spec["act_config_attr"] = act_attr
     return verdict

@@ -37,6 +37,10 @@ ROPE_LAYOUTS: dict[str, str] = {
         "apply_rotary_pos_emb_interleave of deepseek_v3 and glm4_moe_lite"
     ),
     "one_tensor": "rotate_half of one tensor per call, (x, cos, sin, unsqueeze_dim): gemma4's apply_rotary_pos_emb",
+    "one_tensor_trailing": (
+        "one tensor per call, interleaved pairs of its trailing 2 * cos.shape[-1] channels ([nope | rope]) rotated "
+        "in fp32 by one cos per pair: deepseek_v4's apply_rotary_pos_emb"
+    ),
 }
 RopeLayout = Literal[tuple(ROPE_LAYOUTS)]
 # Sections of registry/defaults.yaml the specs read their defaults from.
@@ -155,6 +159,12 @@ class GluSpec(ModuleKernelSpec):
         description="Attribute holding one fused gate-and-up projection split by chunk(2) (gate first), as in "
         "Phi3MLP and Glm4MLP; set, it replaces gate and up, and the kernel reads both halves in place.",
     )
+    limit: str | None = Field(
+        default(GLU + "limit"),
+        description="Attribute of the MLP holding a clamp limit: the gate is clamped above at it and up to "
+        "[-limit, limit] before the activation, as DeepseekV4MLP does with config.swiglu_limit (a None value "
+        "clamps nothing). Split gate and up only.",
+    )
     act_config_attr: str | list[str] | None = Field(
         default(GLU + "act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
@@ -166,6 +176,8 @@ class GluSpec(ModuleKernelSpec):
     def _gate_up_replaces_gate_and_up(self):
         if self.gate_up is not None and (self.gate, self.up) != (default(GLU + "gate"), default(GLU + "up")):
             raise ValueError(f"gate_up {self.gate_up!r} replaces gate and up: set one or the other")
+        if self.gate_up is not None and self.limit is not None:
+            raise ValueError(f"limit {self.limit!r} clamps split gate and up projections; gate_up is set")
         return self
 
     @property

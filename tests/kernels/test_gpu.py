@@ -827,3 +827,48 @@ def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
         print(f"\n[gpu-check] vocab {bt} {name} peak {ms:.1f} MiB vs plain {mp:.1f} MiB", flush=True)
         assert _rel(ls, lp) < 1e-5 and _rel(dhs, dhp) < 5e-3 and _rel(dws, dwp) < 5e-3, name
         assert ms <= mp + 1.0, name
+
+
+def test_deepseek_v4_rope_bf16_as_unpatched():
+    """V4's trailing interleaved rope of one tensor (head 512, rope 64, q transposed heads-first; -sin as its
+    attention output), bf16 q with fp32 tables: forward bits and gradients against V4's own function."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4
+
+    from liger_registry.modules.rope import apply_rotary_pos_emb_one_tensor_trailing as ours
+
+    g = torch.Generator(device="cuda").manual_seed(17)
+    b, s, h, d, r = 2, 2048, 16, 512, 64
+    x0 = torch.randn(b, s, h, d, device="cuda", generator=g).bfloat16()
+    ang = torch.randn(b, s, r // 2, device="cuda", generator=g) * 10
+    for sign in (1, -1):
+        cos, sin = ang.cos(), sign * ang.sin()
+        outs = []
+        for fn in (ours, modeling_deepseek_v4.apply_rotary_pos_emb):
+            x = x0.clone().requires_grad_()
+            y = fn(x.transpose(1, 2), cos, sin)
+            (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+            outs.append((y, dx))
+        case = f"deepseek_v4 rope sin x {sign}"
+        _bits_check(f"{case} output", outs[0][0], outs[1][0], max_ulps=1, max_differing=0.01)
+        _check(case, "dx", outs[0][1], outs[1][1], torch.bfloat16)
+
+
+def test_deepseek_v4_shared_expert_bf16_as_unpatched():
+    """DeepseekV4MLP (gate and up clamped at swiglu_limit, then silu(gate) * up) against the swiglu drop-in with
+    its limit, bf16, pre-activations wide enough that a fifth of them are clamped."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+    from liger_registry.modules.glu import swiglu_forward
+    from liger_registry.schemas import GluSpec
+
+    config = DeepseekV4Config(hidden_size=2048, intermediate_size=4096, swiglu_limit=10.0)
+    torch.manual_seed(0)
+    mlp = modeling_deepseek_v4.DeepseekV4MLP(config).to("cuda", torch.bfloat16)
+    x = torch.randn(2048, 2048, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7)) * 15
+    x = x.bfloat16()
+    with torch.no_grad():
+        assert (mlp.up_proj(x).abs() > 10).float().mean() > 0.05
+        ref = mlp(x)
+        out = swiglu_forward(GluSpec(targets=["DeepseekV4MLP"], limit="limit"))(mlp, x)
+    _bits_check("DeepseekV4MLP output", out, ref, max_ulps=8, max_differing=0.05)

@@ -1,6 +1,6 @@
 """The RoPE layouts of the families whose rotary function is not q-and-k rotate-half: DeepSeek-V2's complex product
 on heads-first q/k, DeepSeek-V3's / GLM-4-MoE-Lite's interleaved pairs written as halves, Gemma 4's one tensor per
-call. Each drop-in against the family's own transformers function, forward and the gradients of its inputs, on
+call, DeepSeek-V4's trailing slice of one tensor. Each drop-in against the family's own transformers function, forward and the gradients of its inputs, on
 both backends (Triton through the interpreter): the torch path bit-equal, Triton to a tight tolerance."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers.models.deepseek_v2 import modeling_deepseek_v2
 from transformers.models.deepseek_v3 import modeling_deepseek_v3
+from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.gemma4 import modeling_gemma4
 from transformers.models.glm4_moe_lite import modeling_glm4_moe_lite
 
@@ -121,3 +122,27 @@ def test_one_tensor_serves_gemma4_vision_multidimensional_rope(backend, monkeypa
     got = modeling_gemma4.apply_multidimensional_rope(x, cos, sin, pos)
     tol = 0.0 if backend == "torch" else 1e-5
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def _v4_x(dtype, transposed):
+    """V4's q: [b, s, h, nope + rope] transposed to heads-first, or a heads-first tensor (its kv, one head)."""
+    x = torch.randn(B, S, HQ, NOPE + ROT, generator=_g(0)).to(dtype).requires_grad_()
+    return (x,), (x.transpose(1, 2) if transposed else x[:, :, :1].permute(0, 2, 1, 3).contiguous(),)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("table_dtype", ["x", "fp32"])
+@pytest.mark.parametrize("inverse", [False, True], ids=["sin", "minus_sin"])
+@pytest.mark.parametrize("transposed", [True, False], ids=["transposed", "contiguous"])
+def test_one_tensor_trailing_matches_deepseek_v4(backend, dtype, table_dtype, inverse, transposed):
+    """cos/sin one value per pair; the attention output is rotated back with -sin."""
+    angle = _angles(ROT // 2)
+    cos, sin = angle.cos(), angle.sin() * (-1 if inverse else 1)
+    if table_dtype == "x":
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    make = lambda: _v4_x(dtype, transposed)  # noqa: E731
+    ours = _run(drop_ins.apply_rotary_pos_emb_one_tensor_trailing, make, cos, sin)
+    ref = _run(modeling_deepseek_v4.apply_rotary_pos_emb, make, cos, sin)
+    # V4's autograd rounds each of its two fp32 products' gradients to x's dtype and adds them there; the op's
+    # transposed rotation rounds once: equal in fp32, to one half-precision ulp otherwise
+    _compare(backend, ours, ref, dtype, exact=len(ours) if dtype == torch.float32 else 1)

@@ -101,6 +101,31 @@ def test_glu_with_a_multiplier_or_exact_gelu_is_refused():
     assert not decide.decide_glu(captured(GatedMLP(F.gelu)), Config(hidden_act="gelu")).ok
 
 
+class ClampedMLP(GatedMLP):
+    """DeepseekV4MLP's shape: gate clamped above, up to +-limit; `clamps` False holds a limit it never uses."""
+
+    def __init__(self, limit=10.0, clamps=True):
+        super().__init__(F.silu)
+        self.limit, self.clamps = limit, clamps
+
+    def forward(self, x):
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.clamps:
+            gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def test_glu_clamped_at_a_module_limit_gets_the_limit_option():
+    """Even where the probe's values stay inside the module's limit (10 here), the clamp is found."""
+    verdict = decide.decide_glu(captured(ClampedMLP()), Config(hidden_act="silu"))
+    assert (verdict.kernel, verdict.ok, verdict.spec) == ("swiglu", True, {"limit": "limit"})
+
+
+def test_glu_holding_an_unused_limit_gets_no_clamp():
+    verdict = decide.decide_glu(captured(ClampedMLP(clamps=False)), Config(hidden_act="silu"))
+    assert (verdict.kernel, verdict.ok, verdict.spec) == ("swiglu", True, {})
+
+
 def test_glu_whose_config_names_another_activation_is_refused():
     verdict = decide.decide_glu(captured(GatedMLP(F.silu)), Config(hidden_act="relu"))
     assert not verdict.ok and "relu" in verdict.reason

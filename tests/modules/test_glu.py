@@ -1,0 +1,87 @@
+"""The gated-MLP drop-in with a clamp limit (``GluSpec.limit``) against DeepSeek-V4's shared expert
+(``DeepseekV4MLP``: gate clamped above, up to +-limit, then ``silu(gate) * up``), on both backends (Triton through
+the interpreter): forward and every gradient, the torch path bit-equal, Triton to a tight tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers.models.deepseek_v4 import modeling_deepseek_v4
+from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+from liger_registry import kernels as K
+from liger_registry.kernels import triton_utils
+from liger_registry.modules.glu import swiglu_forward
+from liger_registry.registry import load_registry
+from liger_registry.schemas import GluSpec
+
+H, INTER = 24, 40
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request, monkeypatch):
+    if request.param == "triton":
+        if not triton_utils.INTERPRET_AT_IMPORT:
+            pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
+        from liger_registry.kernels.glu import triton_kernels
+
+        monkeypatch.setattr(triton_kernels, "BLOCK", 16)
+    monkeypatch.setenv(K.ENV_VAR, request.param)
+    return request.param
+
+
+def _v4_mlp(limit, dtype):
+    config = DeepseekV4Config(hidden_size=H, intermediate_size=INTER, swiglu_limit=limit)
+    torch.manual_seed(0)
+    mlp = modeling_deepseek_v4.DeepseekV4MLP(config).to(dtype)
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.mul_(4)  # pre-activations of std ~2: a limit of 1.5 clamps a good share of gate and up
+    return mlp
+
+
+def _dtypes(backend):
+    return [torch.float32, torch.float16] + ([torch.bfloat16] if backend == "torch" else [])
+
+
+@pytest.mark.parametrize("limit", [1.5, 10.0], ids=["clamping", "wide"])
+def test_swiglu_forward_with_limit_matches_deepseek_v4_mlp(backend, limit):
+    forward = swiglu_forward(GluSpec(targets=["DeepseekV4MLP"], limit="limit"))
+    for dtype in _dtypes(backend):
+        mlp = _v4_mlp(limit, dtype)
+        x = torch.randn(2, 3, H, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+        ref, out = mlp(x), forward(mlp, x)
+        if limit == 1.5:  # the case tests the clamps: some of each projection must be past the limit
+            assert (mlp.gate_proj(x) > limit).any() and (mlp.up_proj(x).abs() > limit).any()
+        g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+        params = [x, *mlp.parameters()]
+        ref_all = (ref, *torch.autograd.grad(ref, params, g))
+        out_all = (out, *torch.autograd.grad(out, params, g))
+        for i, (a, b) in enumerate(zip(out_all, ref_all, strict=True)):
+            assert a.dtype == b.dtype and a.shape == b.shape, i
+            if backend == "torch":
+                assert torch.equal(a, b), f"{dtype} tensor {i}"
+            else:
+                rel = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                assert rel <= TOL[dtype], f"{dtype} tensor {i}: rel err {rel:.3g}"
+
+
+def test_without_limit_the_clamped_mlp_differs():
+    """The option is what makes the drop-in exact: the plain forward on a clamping MLP is not."""
+    mlp = _v4_mlp(1.5, torch.float32)
+    x = torch.randn(2, 3, H, generator=torch.Generator().manual_seed(1))
+    plain = swiglu_forward(GluSpec(targets=["DeepseekV4MLP"]))
+    assert not torch.allclose(plain(mlp, x), mlp(x), rtol=1e-3, atol=1e-3)
+
+
+def test_limit_is_for_split_projections_only():
+    with pytest.raises(ValidationError, match="limit 'limit' clamps split gate and up projections"):
+        GluSpec(targets=["M"], gate_up="gate_up_proj", limit="limit")
+
+
+def test_deepseek_v4_installs_swiglu_with_its_limit():
+    entry = load_registry().family("deepseek_v4").entry
+    swiglu = entry.kernels.swiglu
+    assert swiglu.enabled and swiglu.targets == ["DeepseekV4MLP"] and swiglu.limit == "limit"
