@@ -59,13 +59,19 @@ def _fwd_fake(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, blocks, bloc
     return x.new_empty(x.shape), x.new_empty(n_rows, 2 * inter), x.new_empty(n_rows, inter)
 
 
+def _row_experts(route: Route) -> Tensor:
+    """The expert of each sorted row."""
+    counts = route.offsets[1:] - route.offsets[:-1]
+    experts = torch.arange(counts.shape[0], device=route.offsets.device)
+    return torch.repeat_interleave(experts, counts, output_size=route.src.shape[0])
+
+
 def _down_bias_term(dout, b_d, route: Route) -> Tensor:
     """``dot(dout[token], b_d[expert])`` of each sorted row: the down bias's share of the routing weight's
-    gradient (the kernel's partials hold the GEMM's)."""
-    counts = route.offsets[1:] - route.offsets[:-1]
-    experts = torch.arange(counts.shape[0], device=dout.device)
-    row_expert = torch.repeat_interleave(experts, counts, output_size=route.src.shape[0])
-    return (dout[route.src.long()].float() * b_d[row_expert].float()).sum(-1)
+    gradient (the kernel's partials hold the GEMM's). One fp32 [tokens, experts] product, then a gather: the
+    rows' gathered fp32 copies ([rows, hidden], top_k times the tokens) are never made."""
+    per_token = dout.float() @ b_d.float().t()
+    return per_token[route.src.long(), _row_experts(route)]
 
 
 def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route, top_k, act, limit, alpha,
@@ -122,7 +128,9 @@ def _wgrad_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Route, 
 
 def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Route, out_first):
     """The weight gradients as ``torch._grouped_mm`` over the sorted rows (gathered copies of the hidden states
-    and of the routing-weighted incoming gradient, one alive at a time; the rounding of :func:`_wgrad_triton`)."""
+    and of the routing-weighted incoming gradient, one alive at a time; the rounding of :func:`_wgrad_triton`).
+    The bias gradients are grouped GEMMs too, a block of ones times each expert's rows (fp32 accumulation, no
+    fp32 copy of the [rows, 2 * intermediate] gradient)."""
     offs = route.offsets[1:]
 
     def per_expert(a, b):  # [E, a_cols, b_cols] = a_e^T @ b_e, or its transpose
@@ -131,15 +139,14 @@ def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Rou
     def bias_grad(g, b):
         if b is None:
             return x.new_empty(0)
-        counts = route.offsets[1:] - route.offsets[:-1]
-        experts = torch.arange(counts.shape[0], device=x.device)
-        row_expert = torch.repeat_interleave(experts, counts, output_size=g.shape[0])
-        sums = torch.zeros(b.shape, dtype=torch.float32, device=x.device)
-        return sums.index_add_(0, row_expert, g.float()).to(b.dtype)
+        ones = g.new_ones(g.shape[0], 16 // g.element_size())  # the narrowest block its alignment rule takes
+        return torch._grouped_mm(ones.t(), g, offs=offs)[:, 0].to(b.dtype)
 
     dw_gu = per_expert(dgu, x[route.src.long()])
     db_gu = bias_grad(dgu, b_gu)
-    dsc = (dout[route.src.long()].float() * weights.float()[:, None]).to(h.dtype)
+    dsc = dout[route.src.long()]
+    dsc.mul_(weights.float()[:, None])  # in place: the product in fp32, rounded once to dout's dtype
+    dsc = dsc.to(h.dtype)
     return dw_gu, per_expert(dsc, h), db_gu, bias_grad(dsc, b_d)
 
 
