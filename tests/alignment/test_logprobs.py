@@ -38,9 +38,10 @@ def test_results_do_not_depend_on_the_chunking():
     for knobs in budgets:
         lp = token_log_probs(h, w, t, b, HeadOptions(**knobs))
         results.append((lp.values, *torch.autograd.grad(lp.values.pow(2).sum(), [h, w, b])))
+    # the weight gradient sums the chunks' partial products in another order: fp32 equal to a few dozen ulps
     for other in results[1:]:
         for x, y in zip(results[0], other, strict=True):
-            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
 
 
 def test_ignored_tokens_have_no_value_and_no_gradient():
