@@ -87,10 +87,12 @@ def decide_rms_norm(captured: Captured) -> Verdict:
     """offset (0 or 1: Gemma stores weight - 1) from fp32, casting mode from bf16 against rms_norm_torch."""
     name, first = captured.cls.__name__, captured.instances[0]
     verdict = Verdict("rms_norm", captured.target or name)
-    eps_attr = _eps_attr(first)
-    if _norm_weight(first) is None or any(_norm_weight(m) is None for m in captured.instances):
-        verdict.reason = f"{name} has no 1-D weight parameter on every instance (a scale-free norm)"
+    scaled = [m for m in captured.instances if _norm_weight(m) is not None]
+    if not scaled:
+        verdict.reason = f"{name} has no 1-D weight parameter on any instance (a scale-free norm)"
         return verdict
+    first = scaled[0]
+    eps_attr = _eps_attr(first)
     if len(_forward_inputs(captured.cls)) > 1:
         verdict.reason = f"{name}'s forward takes {', '.join(_forward_inputs(captured.cls))} (a gated norm); the kernel takes x"
         return verdict
@@ -98,7 +100,7 @@ def decide_rms_norm(captured: Captured) -> Verdict:
         verdict.reason = f"{name} keeps epsilon in none of {', '.join(EPS_ATTRS)} as a float"
         return verdict
     offsets, modes = set(), {}
-    for index, instance in enumerate(captured.instances[:3]):
+    for index, instance in enumerate(scaled[:3]):
         module = _with_random_weight(instance, index)
         x = _input(captured, index, module.weight.shape[0])
         try:
@@ -130,7 +132,31 @@ def decide_rms_norm(captured: Captured) -> Verdict:
         )
         return verdict
     verdict.spec = {"casting_mode": next(iter(modes)), "offset": offsets.pop(), "eps_attr": eps_attr}
+    unscaled = [m for m in captured.instances if _norm_weight(m) is None]
+    if unscaled:
+        if (problem := _unscaled_problem(unscaled, eps_attr)) is not None:
+            verdict.spec = {}
+            verdict.reason = f"{name}: {problem}"
+            return verdict
+        verdict.spec["weight_optional"] = True
     return verdict
+
+
+def _unscaled_problem(modules: list[nn.Module], eps_attr: str) -> str | None:
+    """Why the instances without a weight (Gemma 4's ``with_scale=False``) are not ``x / rms(x)`` in fp32, or None.
+    Without a weight any width serves as the probe."""
+    for index, module in enumerate(modules[:3]):
+        if not isinstance(getattr(module, eps_attr, None), float):
+            return f"an instance without a weight keeps no epsilon in {eps_attr}"
+        x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(index))
+        try:
+            with torch.no_grad():
+                err = rel_err(rms_norm_torch(x, None, getattr(module, eps_attr)), module(x))
+        except (RuntimeError, TypeError) as exc:
+            return f"an instance without a weight fails on a probe input: {exc}"
+        if err > FP32_TOL:
+            return f"an instance without a weight does not compute x / rms(x) (max rel diff {err:.2g})"
+    return None
 
 
 def _casting_mode(module: nn.Module, x: torch.Tensor, eps: float, offset: float) -> tuple[str, float]:

@@ -60,6 +60,48 @@ def test_rms_norm_gemma_offset_and_casting():
     assert verdict.spec == {"casting_mode": "gemma", "offset": 1.0, "eps_attr": "eps"}
 
 
+class OptionalScaleNorm(GemmaLikeNorm):
+    """Gemma4RMSNorm's shape: with_scale=False holds no weight and returns x / rms(x)."""
+
+    def __init__(self, with_scale=True, width=16, subtracts_mean=False):
+        super().__init__(width)
+        self.subtracts_mean = subtracts_mean
+        if not with_scale:
+            del self.weight
+
+    def forward(self, x):
+        xf = x.float()
+        if self.subtracts_mean:
+            xf = xf - xf.mean(-1, keepdim=True)
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if hasattr(self, "weight"):
+            out = out * (1.0 + self.weight.float())
+        return out.type_as(x)
+
+
+def test_rms_norm_with_instances_without_weight_gets_weight_optional():
+    norms = [OptionalScaleNorm(), OptionalScaleNorm(with_scale=False), OptionalScaleNorm()]
+    verdict = decide.decide_rms_norm(Captured(OptionalScaleNorm, norms))
+    assert verdict.ok, verdict.reason
+    assert verdict.spec == {
+        "casting_mode": "gemma",
+        "offset": 1.0,
+        "eps_attr": "eps",
+        "weight_optional": True,
+    }
+
+
+def test_rms_norm_whose_unweighted_instances_compute_something_else_is_refused():
+    norms = [OptionalScaleNorm(), OptionalScaleNorm(with_scale=False, subtracts_mean=True)]
+    verdict = decide.decide_rms_norm(Captured(OptionalScaleNorm, norms))
+    assert not verdict.ok and "without a weight does not compute x / rms(x)" in verdict.reason
+
+
+def test_rms_norm_without_any_weight_is_refused():
+    verdict = decide.decide_rms_norm(captured(OptionalScaleNorm(with_scale=False)))
+    assert not verdict.ok and "scale-free" in verdict.reason
+
+
 def test_a_mean_subtracting_norm_is_not_rms_norm():
     verdict = decide.decide_rms_norm(captured(BiasFreeLayerNorm()))
     assert not verdict.ok and "LayerNorm" in verdict.reason
