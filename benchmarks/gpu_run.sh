@@ -19,6 +19,10 @@
 #   ops            benchmarks/bench_ops.py
 #   moe            MoE experts: bf16 GPU tests (tests/kernels/test_moe.py), benchmarks/probe_moe_kernels.py (ours vs
 #                  grouped_mm, numerics vs fp32) and benchmarks/bench_moe.py (MOE_ARGS)
+#   verify         what the CPU box changed since the last GPU run (NOTES, last plan): the new GPU tests (deepseek_v4's
+#                  rope and shared expert, the kernel options of issue 24) and the bf16 parity of the families whose
+#                  kernels were turned on without a GPU (VERIFY_FAMILIES, a pytest -k expression), and of the
+#                  families that ship moe_experts off, with it switched on
 #   compile        benchmarks/compile_families.py (every family's tiny model, inductor vs eager; one run, 8 worker processes)
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
@@ -77,6 +81,12 @@ for p in ${*:-tests flce e2e}; do
     step) t=$(( ${T_STEP:-590} < $(left) - 5 ? ${T_STEP:-590} : $(left) - 5 ))
           part step "$t" 70 python3 benchmarks/bench_step.py --budget-s $(( t - 25 )) $STEP_ARGS ;;
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
+    verify) GPU_TEST_REPORT=$OUT/gpu_tests.json part verify-tests "${T_VERIFY:-120}" 20 python3 -m pytest -q -s \
+              -p no:cacheprovider tests/kernels/test_gpu.py \
+              -k "deepseek_v4 or rope_tables or without_weight or multipliers or falcon_h1"
+            part verify-parity "${T_PARITY:-240}" 40 python3 -m pytest -q -p no:cacheprovider tests/convergence \
+              -k "gpu and not with_logits and (${VERIFY_FAMILIES:-deepseek_v4 or \
+olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or granitemoehybrid or cohere or moe_experts_switched_on})" ;;
     moe) part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
            tests/modules/test_moe_forward.py
          part moe-probe "${T_MOE:-150}" 40 python3 benchmarks/probe_moe_kernels.py --tokens 4096,16384

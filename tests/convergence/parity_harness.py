@@ -213,11 +213,13 @@ def run_parity(
     dtype: torch.dtype = torch.float32,
     chunk_mem_const: int | None = None,
     registry: Registry | None = None,
+    switches: dict[str, bool] | None = None,
     **config: Any,
 ) -> Result:
     """Train the family's tiny model unpatched, then a copy of the same initial weights patched, on the same data.
 
-    `config` overrides values of the tiny model's config (a variant of the family, e.g. another text model).
+    `config` overrides values of the tiny model's config (a variant of the family, e.g. another text model);
+    `switches` are apply()'s kernel switches (e.g. ``{"moe_experts": True}`` for a kernel a family ships off).
     """
     registry = registry or REGISTRY
     entry = registry.families[family].entry
@@ -228,7 +230,7 @@ def run_parity(
     # The unpatched run is finished before apply(): rotary embedding is patched module-wide.
     expected = _train_and_eval(family, reference, batches, skip_check=False)
     overrides = {} if chunk_mem_const is None else {"chunk_mem_const": chunk_mem_const}
-    with L.patched(candidate, registry=registry, **overrides) as handle:
+    with L.patched(candidate, registry=registry, **overrides, **(switches or {})) as handle:
         patched = [f"{r.kernel}:{r.target}" for r in handle.report.patched]
         got = _train_and_eval(family, candidate, batches, skip_check=True)
         used_c = handle.report.config.entry.flce.chunk_mem_const

@@ -26,6 +26,10 @@ FAMILIES = sorted(REGISTRY.families)
 C_VARIANTS = [("gpt_oss", 8), ("gpt_oss", 1), ("qwen3_5_moe", 1), ("qwen3_5_moe", 8)]
 REQUIRED_C = {("gpt_oss", 8), ("qwen3_5_moe", 1)}  # must pass; the other two are measured and reported
 HAS_CUDA = torch.cuda.is_available()
+# Families that ship the experts kernel off (a measured speed or peak reason) and turn it on with moe_experts=True.
+MOE_OFF = [
+    f for f in FAMILIES if (spec := REGISTRY.families[f].entry.kernels.moe_experts) is not None and not spec.enabled
+]
 
 
 def _skip_broken(family: str) -> None:
@@ -61,6 +65,25 @@ def test_cpu_fp32_chunk_constants(family: str, chunk_mem_const: int) -> None:
 def test_gpu_bf16(family: str) -> None:
     _skip_broken(family)
     _check(run_parity(family, "cuda", torch.bfloat16), BF16)
+
+
+def _with_experts_kernel(family: str, device: str, dtype: torch.dtype):
+    result = run_parity(family, device, dtype, switches={"moe_experts": True})
+    assert any(p.startswith("moe_experts:") for p in result.patched), result.patched
+    return result
+
+
+@pytest.mark.parametrize("family", MOE_OFF)
+def test_cpu_fp32_moe_experts_switched_on(family: str) -> None:
+    _skip_broken(family)
+    _check(_with_experts_kernel(family, "cpu", torch.float32), FP32)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
+@pytest.mark.parametrize("family", MOE_OFF)
+def test_gpu_bf16_moe_experts_switched_on(family: str) -> None:
+    _skip_broken(family)
+    _check(_with_experts_kernel(family, "cuda", torch.bfloat16), BF16)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
