@@ -28,7 +28,9 @@ REQUIRED_C = {("gpt_oss", 8), ("qwen3_5_moe", 1)}  # must pass; the other two ar
 HAS_CUDA = torch.cuda.is_available()
 # Families that ship the experts kernel off (a measured speed or peak reason) and turn it on with moe_experts=True.
 MOE_OFF = [
-    f for f in FAMILIES if (spec := REGISTRY.families[f].entry.kernels.moe_experts) is not None and not spec.enabled
+    f
+    for f in FAMILIES
+    if (spec := REGISTRY.families[f].entry.kernels.moe_experts) is not None and not spec.enabled
 ]
 
 
