@@ -68,3 +68,34 @@ def test_a_compiled_step_off_eager_passes_only_as_the_unpatched_compiled_one():
     )
     assert not unlike.ok(LOSS_TOL, GRAD_TOL)
     assert not CompileCheck("f", loss_rel=0.0, grad_rel=0.0, error="boom").ok(LOSS_TOL, GRAD_TOL)
+
+
+def _stub_steps(monkeypatch, *steps):
+    """compile_check's steps (patched eager, patched compiled, unpatched compiled) as given; no compile runs."""
+    from liger_registry import testing
+
+    queue = list(steps)
+    monkeypatch.setattr(testing, "loss_and_grads", lambda *a: queue.pop(0))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)
+
+
+def _grads(*names):
+    return {n: torch.ones(3) for n in names}
+
+
+@pytest.mark.parametrize(
+    ("unpatched_compiled", "passes"),
+    [(_grads("a"), True), (_grads("a", "indexer"), False)],
+    ids=["unpatched-compiled-alike", "unpatched-compiled-unlike"],
+)
+def test_a_compiled_step_without_some_gradients_passes_only_as_the_unpatched_compiled_one(
+    monkeypatch, unpatched_compiled, passes
+):
+    """DeepSeek-V4's indexer has gradients eagerly and none compiled, patched or not: judged against the
+    unpatched compiled step, which must have the same parameters' gradients, close."""
+    loss = torch.tensor(1.0)
+    _stub_steps(monkeypatch, (loss, _grads("a", "indexer")), (loss, _grads("a")), (loss, unpatched_compiled))
+    check = compile_check("llama", tolerances=(LOSS_TOL, GRAD_TOL))
+    assert check.ok(LOSS_TOL, GRAD_TOL) is passes
+    if not passes:
+        assert check.error == "gradients of different parameters: ['indexer']"
