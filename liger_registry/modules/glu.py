@@ -6,10 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+import torch.nn.functional as F
+
 from liger_registry import kernels
 from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
-from liger_registry.modules.wiring import makes
+from liger_registry.modules.wiring import checks, makes
 from liger_registry.schemas import GluSpec
+
+# Where transformers' MLPs keep their activation module, and what each GLU kind computes in its place.
+ACT_ATTRS = ("act_fn", "act", "activation_fn")
+KIND_ACTIVATIONS: dict[str, Callable] = {
+    "swiglu": F.silu,
+    "geglu": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 
 def _clamped(gate_out, up_out, limit):
@@ -38,6 +48,37 @@ def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
         return out if down_multiplier == 1.0 else out * down_multiplier
 
     return forward
+
+
+def activation_problem(kind: str, target) -> str | None:
+    """Why an MLP instance's own activation module is not the kernel's activation, or None (a class, or an MLP
+    without one). The plan checks the config's activation name; this checks each module, which matters where a
+    sub-model's config (a vision tower's) names its own activation."""
+    if isinstance(target, type):
+        return None
+    attr = next((a for a in ACT_ATTRS if callable(getattr(target, a, None))), None)
+    if attr is None:
+        return None
+    probe = torch.linspace(-6.0, 6.0, 97)
+    act = getattr(target, attr)
+    try:
+        with torch.no_grad():
+            same = torch.allclose(act(probe), KIND_ACTIVATIONS[kind](probe), rtol=1e-5, atol=1e-6)
+    except (RuntimeError, TypeError) as exc:
+        return f"{type(target).__name__}.{attr} ({type(act).__name__}) fails on a probe input: {exc}"
+    if same:
+        return None
+    return f"{type(target).__name__}.{attr} is {type(act).__name__}, not the {kind} kernel's activation"
+
+
+@checks("swiglu")
+def swiglu_problem(spec: GluSpec, entry, target, resolve_class) -> str | None:
+    return activation_problem("swiglu", target)
+
+
+@checks("geglu")
+def geglu_problem(spec: GluSpec, entry, target, resolve_class) -> str | None:
+    return activation_problem("geglu", target)
 
 
 @makes("swiglu")

@@ -1,6 +1,7 @@
 """The gated-MLP drop-in with a clamp limit (``GluSpec.limit``) against DeepSeek-V4's shared expert
 (``DeepseekV4MLP``: gate clamped above, up to +-limit, then ``silu(gate) * up``), on both backends (Triton through
-the interpreter): forward and every gradient, the torch path bit-equal, Triton to a tight tolerance."""
+the interpreter): forward and every gradient, the torch path bit-equal, Triton to a tight tolerance. And the
+per-module activation check of the GLU kinds."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from pydantic import ValidationError
 from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 
+import liger_registry
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.modules.glu import swiglu_forward
+from liger_registry.modules.glu import activation_problem, swiglu_forward
 from liger_registry.registry import load_registry
 from liger_registry.schemas import GluSpec
+from liger_registry.testing import tiny_model
 
 H, INTER = 24, 40
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
@@ -85,3 +88,41 @@ def test_deepseek_v4_installs_swiglu_with_its_limit():
     entry = load_registry().family("deepseek_v4").entry
     swiglu = entry.kernels.swiglu
     assert swiglu.enabled and swiglu.targets == ["DeepseekV4MLP"] and swiglu.limit == "limit"
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.act_fn = act
+
+
+@pytest.mark.parametrize(
+    ("kind", "act", "ok"),
+    [
+        ("swiglu", torch.nn.SiLU(), True),
+        ("geglu", torch.nn.GELU(approximate="tanh"), True),
+        ("geglu", torch.nn.GELU(), False),
+        ("swiglu", torch.nn.GELU(approximate="tanh"), False),
+    ],
+    ids=["silu", "gelu-tanh", "exact-gelu-for-geglu", "gelu-for-swiglu"],
+)
+def test_activation_problem_reads_the_module_activation(kind, act, ok):
+    problem = activation_problem(kind, _MLP(act))
+    assert (problem is None) is ok, problem
+    if not ok:
+        assert f"_MLP.act_fn is {type(act).__name__}, not the {kind} kernel's activation" == problem
+
+
+def test_activation_problem_passes_a_class_and_an_mlp_without_activation_module():
+    assert activation_problem("swiglu", _MLP) is None
+    assert activation_problem("swiglu", torch.nn.Linear(2, 2)) is None
+
+
+def test_a_vision_tower_with_another_activation_is_refused_not_patched_with_silu():
+    """glm4v_moe's swiglu section covers the vision MLP, whose activation is vision_config.hidden_act: the text
+    config's check alone passed a GELU tower and the kernel computed silu."""
+    model = tiny_model("glm4v_moe", vision_config={"hidden_act": "gelu"})
+    with pytest.raises(
+        liger_registry.PatchError, match="Mlp.act_fn is GELUActivation, not the swiglu kernel.s activation"
+    ):
+        liger_registry.apply(model)
