@@ -15,7 +15,13 @@ from liger_registry.schemas import RmsNormSpec
 
 H, EPS = 40, 1e-6
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
-SPEC = RmsNormSpec(targets=["Gemma4RMSNorm"], casting_mode="gemma", weight_optional=True)
+# eps_attr: `eps` in transformers 5.17, `variance_epsilon` in 5.25
+SPEC = RmsNormSpec(
+    targets=["Gemma4RMSNorm"],
+    casting_mode="gemma",
+    weight_optional=True,
+    eps_attr=["variance_epsilon", "eps"],
+)
 
 
 @pytest.fixture(params=["torch", "triton"])

@@ -98,7 +98,7 @@ NORMS = {
     ),
     "Gemma3nRMSNorm(with_scale=False)": (  # no weight attribute at all
         lambda: modeling_gemma3n.Gemma3nRMSNorm(H, eps=EPS, with_scale=False),
-        RmsNormSpec(targets=["Gemma3nRMSNorm"], casting_mode="gemma"),
+        RmsNormSpec(targets=["Gemma3nRMSNorm"], casting_mode="gemma", eps_attr=["variance_epsilon", "eps"]),
     ),
 }
 

@@ -195,7 +195,10 @@ def test_a_wrappers_dynamic_subclass_runs_the_shape_planned_for_its_layer_class(
     from torch.distributed.fsdp import FSDPModule
 
     wrapped = type("FSDPLlamaDecoderLayer", (FSDPModule, modeling_llama.LlamaDecoderLayer), {})
-    assert isinstance(layer_shape(wrapped), str)  # its own source cannot be read
-    assert planned_shape(wrapped) is layer_shape(modeling_llama.LlamaDecoderLayer)
+    planned = layer_shape(
+        modeling_llama.LlamaDecoderLayer
+    )  # what the plan found before FSDP wrapped the layer
+    # the wrapper's own source cannot be read under transformers 5.25 (5.17 reads it): the layer's plan is used
+    assert planned_shape(wrapped) is planned
     with pytest.raises(TypeError, match="not the llama-shaped"):
         planned_shape(ScaledResidual)

@@ -86,7 +86,7 @@ model_types: [mini_gemma4]
 module: transformers.models.gemma4.modeling_gemma4
 causal_lm: Gemma4ForCausalLM
 kernels:
-  rms_norm: {targets: [Gemma4RMSNorm], casting_mode: gemma%s}
+  rms_norm: {targets: [Gemma4RMSNorm], casting_mode: gemma, eps_attr: [variance_epsilon, eps]%s}
 """
 
 

@@ -130,10 +130,27 @@ def test_jetmoe_router_loss_names_are_drafted_from_what_its_forward_reads():
     assert entry.head.moe == BUNDLED.family_for("jetmoe").entry.head.moe
 
 
+def _skip_where_dbrx_router_loss_fails():
+    """transformers 5.17's DbrxModel returns no router logits, so its own forward with labels and
+    output_router_logits=True fails (``0 .to``): there is no router loss to prove the draft against."""
+    import transformers
+
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    model = tiny_model("dbrx")
+    try:
+        model(**tiny_batch(model), output_router_logits=True)
+    except AttributeError as exc:
+        pytest.skip(
+            f"transformers {transformers.__version__}: DbrxForCausalLM's own router loss fails: {exc}"
+        )
+
+
 def test_dbrx_router_loss_names_are_drafted_as_paths_into_its_nested_config():
     """DBRX's causal LM sets self.num_experts = config.ffn_config.moe_num_experts (and top-k, coefficient): the
     top-level names the lint checks are not in its config, so the draft names the nested paths, as the bundled
     entry does, and the entry is proven."""
+    _skip_where_dbrx_router_loss_fails()
     result = scaffold("dbrx")
     assert result.ok and not result.corrections, (result.reasons, result.corrections)
     moe = result.entry.head.moe
