@@ -41,6 +41,13 @@ def _images(tower, g) -> dict:
     return {"pixel_values": torch.randn(2, config.num_channels, size, size, generator=g)}
 
 
+def _qwen_vl_patches(tower, g) -> dict:
+    """Four merged tokens' worth of patches ([1, 4, 4] grid, merge size 2), flattened as Qwen2-VL's processor does."""
+    config = tower.config
+    per_patch = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    return {"hidden_states": torch.randn(16, per_patch, generator=g), "grid_thw": torch.tensor([[1, 4, 4]])}
+
+
 GLM_NORMS = {"blocks.0.norm1", "blocks.0.norm2", "post_conv_layernorm", "post_layernorm"}
 TOWERS = {
     "glm4v": Tower("model.visual", _glm4v_patches, frozenset(("rms_norm", n) for n in GLM_NORMS)),
@@ -48,6 +55,18 @@ TOWERS = {
         "model.visual",
         _glm4v_patches,
         frozenset({*(("rms_norm", n) for n in GLM_NORMS), ("swiglu", "blocks.0.mlp")}),
+    ),
+    "qwen2_5_vl": Tower(
+        "model.visual",
+        _qwen_vl_patches,
+        frozenset(
+            {
+                ("rms_norm", "blocks.0.norm1"),
+                ("rms_norm", "blocks.0.norm2"),
+                ("rms_norm", "merger.ln_q"),
+                ("swiglu", "blocks.0.mlp"),
+            }
+        ),
     ),
     # tiny_config sets norm_type rms_norm and the q/k norms (InternViT-6B's); InternViT-300M's LayerNorms are torch's
     "internvl": Tower(
