@@ -89,7 +89,7 @@ for p in ${*:-tests flce e2e}; do
 olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or granitemoehybrid or cohere or moe_experts_switched_on})" ;;
     moe) part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
            tests/modules/test_moe_forward.py
-         part moe-probe "${T_MOE:-150}" 40 python3 benchmarks/probe_moe_kernels.py --tokens 4096,16384
+         part moe-probe "${T_MOE_PROBE:-150}" 40 python3 benchmarks/probe_moe_kernels.py --tokens 4096,16384
          part moe-bench "${T_MOE_BENCH:-300}" 60 python3 benchmarks/bench_moe.py $MOE_ARGS ;;
     compile) t=$(( ${T_COMPILE:-300} < $(left) ? ${T_COMPILE:-300} : $(left) ))
              part compile "$t" 85 python3 benchmarks/compile_families.py --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;
