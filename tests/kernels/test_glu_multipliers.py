@@ -13,7 +13,7 @@ from transformers.models.falcon_h1 import modeling_falcon_h1
 from transformers.models.falcon_h1.configuration_falcon_h1 import FalconH1Config
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu, triton_utils
+from liger_registry.kernels import glu
 from liger_registry.modules.glu import swiglu_forward
 from liger_registry.registry import load_registry
 from liger_registry.schemas import GluSpec
@@ -23,16 +23,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 MULTIPLIERS = [(0.7, 1.3), (1.0, 1.0), (2.5, 1.0), (1.0, 0.25)]
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton":
-        if not triton_utils.INTERPRET_AT_IMPORT:
-            pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-        from liger_registry.kernels.glu import triton_kernels
-
-        monkeypatch.setattr(triton_kernels, "BLOCK", 16)
-    monkeypatch.setenv(K.ENV_VAR, request.param)
-    return request.param
+@pytest.fixture
+def backend(glu_backend):
+    return glu_backend
 
 
 def _g(seed):

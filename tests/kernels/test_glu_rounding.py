@@ -16,7 +16,7 @@ from transformers.integrations.moe import _default_apply_gate
 from transformers.models.gpt_oss import modeling_gpt_oss
 
 from liger_registry import kernels as K
-from liger_registry.kernels import glu, triton_utils
+from liger_registry.kernels import glu
 from liger_registry.modules import glu as dropin
 
 DTYPE = torch.float16
@@ -28,16 +28,12 @@ MAX_ULPS = 1
 MAX_DIFFERING = 2e-3
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton":
-        if not triton_utils.INTERPRET_AT_IMPORT:
-            pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-        from liger_registry.kernels.glu import triton_kernels
+GLU_BLOCK = 256  # the Triton block of the glu_backend fixture (tests/conftest.py)
 
-        monkeypatch.setattr(triton_kernels, "BLOCK", 256)
-    monkeypatch.setenv(K.ENV_VAR, request.param)
-    return request.param
+
+@pytest.fixture
+def backend(glu_backend):
+    return glu_backend
 
 
 def _g(seed):

@@ -16,7 +16,6 @@ from transformers.models.nemotron.configuration_nemotron import NemotronConfig
 from transformers.models.phi3 import modeling_phi3
 from transformers.models.phi3.configuration_phi3 import Phi3Config
 
-from liger_registry import kernels as K
 from liger_registry.kernels import glu, triton_utils
 from liger_registry.modules import glu as dropin
 
@@ -29,16 +28,9 @@ needs_interpreter = pytest.mark.skipif(
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 0.0}
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton":
-        if not triton_utils.INTERPRET_AT_IMPORT:
-            pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-        from liger_registry.kernels.glu import triton_kernels
-
-        monkeypatch.setattr(triton_kernels, "BLOCK", 16)
-    monkeypatch.setenv(K.ENV_VAR, request.param)
-    return request.param
+@pytest.fixture
+def backend(glu_backend):
+    return glu_backend
 
 
 def _g(seed):

@@ -12,8 +12,6 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 
 import liger_registry
-from liger_registry import kernels as K
-from liger_registry.kernels import triton_utils
 from liger_registry.modules.glu import activation_problem, swiglu_forward
 from liger_registry.registry import load_registry
 from liger_registry.schemas import GluSpec
@@ -23,16 +21,9 @@ H, INTER = 24, 40
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton":
-        if not triton_utils.INTERPRET_AT_IMPORT:
-            pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-        from liger_registry.kernels.glu import triton_kernels
-
-        monkeypatch.setattr(triton_kernels, "BLOCK", 16)
-    monkeypatch.setenv(K.ENV_VAR, request.param)
-    return request.param
+@pytest.fixture
+def backend(glu_backend):
+    return glu_backend
 
 
 def _v4_mlp(limit, dtype):
