@@ -85,14 +85,13 @@ def _forward_inputs(cls: type) -> list[str]:
 
 def decide_rms_norm(captured: Captured) -> Verdict:
     """offset (0 or 1: Gemma stores weight - 1) from fp32, casting mode from bf16 against rms_norm_torch."""
-    name, first = captured.cls.__name__, captured.instances[0]
+    name = captured.cls.__name__
     verdict = Verdict("rms_norm", captured.target or name)
     scaled = [m for m in captured.instances if _norm_weight(m) is not None]
     if not scaled:
         verdict.reason = f"{name} has no 1-D weight parameter on any instance (a scale-free norm)"
         return verdict
-    first = scaled[0]
-    eps_attr = _eps_attr(first)
+    eps_attr = _eps_attr(scaled[0])
     if len(_forward_inputs(captured.cls)) > 1:
         verdict.reason = f"{name}'s forward takes {', '.join(_forward_inputs(captured.cls))} (a gated norm); the kernel takes x"
         return verdict
