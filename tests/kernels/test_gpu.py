@@ -849,7 +849,9 @@ def test_deepseek_v4_rope_bf16_as_unpatched():
             (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
             outs.append((y, dx))
         case = f"deepseek_v4 rope sin x {sign}"
-        _bits_check(f"{case} output", outs[0][0], outs[1][0], max_ulps=1, max_differing=0.01)
+        # 2 ulps: x cos - y sin in fp32 (an FMA in the kernel, mul then sub in V4's) cancels to a value far
+        # below its terms in a few elements, where one fp32 ulp of a term is two bf16 ulps of the result.
+        _bits_check(f"{case} output", outs[0][0], outs[1][0], max_ulps=2, max_differing=0.01)
         _check(case, "dx", outs[0][1], outs[1][1], torch.bfloat16)
 
 

@@ -23,6 +23,7 @@ def test_explain_on_cpu_shows_torch_with_reasons(capsys):
         ("rms_norm", "rms_norm"),
         ("rope", "rope_variant"),
         ("swiglu_clamped", "swiglu_clamped"),
+        ("moe_experts", "moe_experts"),
         ("forward", "fused_linear_cross_entropy"),
     ]
     assert all(c.backend == "torch" and c.reasons for c in choices)

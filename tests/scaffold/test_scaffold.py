@@ -55,7 +55,7 @@ def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type)
     on the same kernels on the same targets with the same variant options as the entries written by hand."""
     drafted, hand = draft(model_type).entry, BUNDLED.family_for(model_type).entry
 
-    # moe_experts: the draft proves it exact; gpt_oss ships it off for speed (its entry's reason), not numerics
+    # moe_experts: the draft proves it exact; a family may ship it off for speed (its entry's reason), not numerics
     def others(entry):
         return {k: v for k, v in _kernels(entry).items() if k != "moe_experts"}
 
