@@ -139,6 +139,12 @@ def _budget_bytes(bt, h, v, chunk_mem_const, max_chunk_mib, itemsize) -> tuple[f
     return flce_chunk_geometry(bt, h, v, c)[0] * v * itemsize, c
 
 
+def _uncached(cached):
+    """The function under an ``lru_cache`` while dynamo traces: it traces through a cache wrapper anyway, with a
+    warning at every compile of a patched model; the planner's functions are pure in their int arguments."""
+    return cached.__wrapped__ if torch.compiler.is_compiling() else cached
+
+
 @lru_cache(maxsize=256)
 def _plan(
     bt,
@@ -157,9 +163,8 @@ def _plan(
     cols = _vocab_chunk(bt, v, itemsize, budget, align) if bt else None
     t_ms = tokens_ms(bt, h, v, rows, itemsize, peaks) if rows is not None else None
     multiple = min(COL_MULTIPLE, align)
-    keep = (
-        cols is not None and weight_grad and cost.keeps_every_chunk(bt, h, v, cols, itemsize, peaks, multiple)
-    )
+    keeps = _uncached(cost.keeps_every_chunk)
+    keep = cols is not None and weight_grad and keeps(bt, h, v, cols, itemsize, peaks, multiple)
     v_ms = (
         vocab_ms(bt, h, v, cols, itemsize, peaks, weight_grad, multiple, keep) if cols is not None else None
     )
@@ -275,6 +280,6 @@ def plan_for(
 ) -> FlcePlan:
     """The plan of a call whose :class:`FlceOptions` are already validated (no second validation, cached)."""
     peaks = peaks_of(device)
-    plan = _plan.__wrapped__ if torch.compiler.is_compiling() else _plan  # dynamo traces through the cache
+    plan = _uncached(_plan)
     knobs = (options.chunk_mem_const, options.max_chunk_mib, options.strategy)
     return plan(bt, h, v, *knobs, dtype.itemsize, peaks, VOCAB_ALIGN, weight_grad)
