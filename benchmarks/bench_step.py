@@ -665,6 +665,15 @@ def label_of(row: dict) -> str:
     return f"{row['model']} L{depth}{'' if depth == full else f'/{full}'} {row['shape']}"
 
 
+def missing(x: dict) -> str:
+    """A cell without a number: "OOM" (every process of the method ran out of GPU memory), "error" (some other
+    failure, listed under the table), "-" (not run)."""
+    errors = x.get("errors") or []
+    if not errors:
+        return "-"
+    return "OOM" if all("OutOfMemoryError" in e for e in errors) else "error"
+
+
 def table_lines(rows: list[dict], methods: list[str], markdown: bool = False) -> list[str]:
     """The throughput table: tok/s, MFU and peak per method, the ratios and targets."""
     w = max([24] + [len(label_of(r)) for r in rows])
@@ -678,7 +687,7 @@ def table_lines(rows: list[dict], methods: list[str], markdown: bool = False) ->
             for m in methods:
                 x = ms.get(m, {})
                 cells.append(
-                    "-"
+                    missing(x)
                     if x.get("tps") is None
                     else f"{kfmt(x['tps'])} ({ffmt(x.get('mfu_median'), '.0%')}, {ffmt(x.get('peak'), '.1f')})"
                 )
@@ -698,7 +707,8 @@ def table_lines(rows: list[dict], methods: list[str], markdown: bool = False) ->
         for row in rows:
             ms = row["methods"]
             line = f"{label_of(row):<{w}} |" + "".join(
-                f"{fmt(ms.get(m, {}).get(key)):>{cw}}" for m in methods
+                f"{fmt(x[key]) if (x := ms.get(m, {})).get(key) is not None else missing(x):>{cw}}"
+                for m in methods
             )
             if key == "tps":
                 r = row["ratios"]
