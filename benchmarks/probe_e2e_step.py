@@ -3,6 +3,8 @@
 step grouped by kind (profiler). One method per process (liger-kernel patches classes for good).
 
 Usage: python benchmarks/probe_e2e_step.py --method ours|ours_compile|hf_compile|liger [--model llama] [--layers 2] [--tokens 8192]
+       python benchmarks/probe_e2e_step.py --method ours --step-model llama3_2_1b [--shape 2x4096]   (bench_step's
+       real configs at bench_step's depth: issue 25's per-step profile)
 """
 
 from __future__ import annotations
@@ -103,6 +105,22 @@ def timed(fn) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def build(args: argparse.Namespace):
+    """The model and its job: bench_e2e's cut (--model, --layers, --tokens, batch 1) or bench_step's config."""
+    if args.step_model is None:
+        job = dict(model=args.model, layers=args.layers, tokens=args.tokens, method=args.method, batch=1)
+        job.update(smoke=False, dtype=torch.bfloat16)
+        return bench_e2e.build_model(job, "cuda")[0], job
+    import bench_step
+
+    name = args.step_model
+    batch, seq = bench_step.shape_of(args.shape)
+    layers = bench_step.CUT.get(name, bench_step.MODELS[name]["num_hidden_layers"])
+    job = dict(model=name, layers=layers, batch=batch, seq=seq, tokens=batch * seq, method=args.method)
+    job.update(smoke=False, attn=bench_step.ATTN.get(name, "sdpa"), peer_apply=bench_step.PEER_APPLY[name])
+    return bench_step.build_model(job, "cuda", torch.bfloat16)[0], job
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--method", default="ours")
@@ -113,21 +131,14 @@ def main() -> None:
     p.add_argument(
         "--optimizer", choices=("foreach", "fused"), default="fused", help="AdamW of the profiled step"
     )
+    p.add_argument("--step-model", default=None, help="a bench_step.py model (its config and depth) instead")
+    p.add_argument("--shape", default="2x4096", help="BATCHxSEQ with --step-model")
     args = p.parse_args()
-    job = dict(
-        model=args.model,
-        layers=args.layers,
-        tokens=args.tokens,
-        method=args.method,
-        smoke=False,
-        dtype=torch.bfloat16,
-        batch=1,
-    )
-    model, _ = bench_e2e.build_model(job, "cuda")
+    model, job = build(args)
     info = bench_e2e.patch(job, model)
     step_model = torch.compile(model) if args.method.endswith(bench_e2e.COMPILED) else model
     vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (1, args.tokens), device="cuda")
+    ids = torch.randint(0, vocab, (job["batch"], job["tokens"] // job["batch"]), device="cuda")
     opts = {
         "foreach": torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True),
         "fused": torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True),
@@ -158,7 +169,9 @@ def main() -> None:
     trace = str(Path(tempfile.mkdtemp()) / "trace.json")
     prof.export_chrome_trace(trace)
     gaps = trace_summary(trace)
-    print(f"{args.method} {args.model} L{args.layers} {args.tokens} tokens  {info.get('flce_plan', '')}")
+    print(
+        f"{args.method} {job['model']} L{job['layers']} {job['tokens']} tokens  {info.get('flce_plan', '')}"
+    )
     print("phase ms (median): " + " ".join(f"{k} {v:.2f}" for k, v in med.items()))
     kinds = gaps.get("kinds_ms", {})
     print("GPU kernel ms of one step by kind: " + " ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items())))
@@ -181,7 +194,7 @@ def main() -> None:
     for ms, count, key in gaps.get("kernels", [])[:40]:
         print(f"  {ms:8.2f} ms {count:5d}x  {key}")
     write_json(
-        f"probe_e2e_step_{args.method}.json",
+        f"probe_e2e_step_{args.method}{'_' + args.step_model if args.step_model else ''}.json",
         {"args": vars(args), "phases_ms": med, "timeline": gaps, **info},
     )
 
