@@ -2,6 +2,8 @@
 passes cover every column once, N <= H keeps every chunk's logits for pass 2, and FLCE through either layout
 matches the reference on both backends."""
 
+import weakref
+
 import pytest
 import torch
 from kernel_refs import flce_reference
@@ -196,6 +198,25 @@ def test_logits_gemms_and_buffer(backend, rows, monkeypatch):
     if g.buffer_cols != plan.chunk_vocab:
         assert rows * plan.chunk_vocab not in sizes
     torch.autograd.grad(out, [hidden, weight])
+
+
+def test_the_buffer_is_freed_before_dx_is_cast(backend, rows, monkeypatch):
+    """No view of the logits buffer is alive when dX is cast out of its fp32 accumulator (fp16 here, so the cast
+    allocates): on the GPU that cast may take the buffer's memory instead of adding to the head's peak."""
+    buffers, alive_at_cast = [], []
+    real_views, real_dh = flce_vocab._views, flce_vocab._dh
+    monkeypatch.setattr(flce_vocab, "_views", lambda *a: buffers.append(weakref.ref(a[-1])) or real_views(*a))
+    monkeypatch.setattr(
+        flce_vocab, "_dh", lambda *a: alive_at_cast.append([b() is not None for b in buffers]) or real_dh(*a)
+    )
+    hidden, weight, target, _ = _inputs(False, n=rows)
+    h, w = hidden.detach().half().requires_grad_(), weight.detach().half().requires_grad_()
+    out = K.fused_linear_cross_entropy(h, w, target, strategy="vocab")
+    dh, _ = torch.autograd.grad(out, [h, w])
+    assert dh.dtype == torch.float16 and len(buffers) == 2 and alive_at_cast == [[False, False]]
+    ref, _ = flce_reference(hidden, weight, target, None)
+    (rdh,) = torch.autograd.grad(ref, hidden)
+    torch.testing.assert_close(dh.float(), rdh, rtol=2e-2, atol=2e-3)
 
 
 def test_run_follows_the_cost_models_layout(backend, monkeypatch):

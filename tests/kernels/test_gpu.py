@@ -829,6 +829,40 @@ def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
         assert ms <= mp + 1.0, name
 
 
+@pytest.mark.parametrize("bt", [4096, 8192])
+def test_flce_vocab_peak_is_dw_accumulator_and_buffer(bt):
+    """The vocab strategy's peak above its inputs (Llama-3 head, C=1, the default layout) is dW, dX's fp32
+    accumulator and the larger of the logits buffer and dX itself: the buffer is free before dX is cast out of
+    the accumulator, so the cast reuses its memory (or needs only its own when it is the larger)."""
+    from liger_registry.kernels.flce import cost as flce_cost
+    from liger_registry.kernels.flce import planner as flce_planner
+    from liger_registry.kernels.flce.vocab_geometry import vocab_geometry
+
+    hidden, weight, target = _llama_head("random", bt)
+    n, h, v = bt, hidden.shape[1], weight.shape[0]
+    plan = K.flce_plan(n, h, v, strategy="vocab", chunk_mem_const=1)
+    multiple = min(flce_planner.COL_MULTIPLE, flce_planner.VOCAB_ALIGN)
+    peaks = flce_cost.peaks_of(hidden.device)
+    keep = flce_cost.keeps_every_chunk(n, h, v, plan.chunk_vocab, 2, peaks, multiple)
+    geometry = vocab_geometry(n, h, v, plan.chunk_vocab, True, multiple, keep)
+    hl, wl = _leaf(hidden, torch.bfloat16), _leaf(weight, torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = K.fused_linear_cross_entropy(hl, wl, target, strategy="vocab", chunk_mem_const=1)
+    dh, dw = torch.autograd.grad(out, [hl, wl])
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    mib = lambda b: b / 2**20  # noqa: E731
+    bound = mib(v * h * 2 + n * h * 4 + max(n * geometry.buffer_cols * 2, n * h * 2)) + 4.0
+    print(
+        f"\n[gpu-check] vocab {bt} peak {peak:.1f} MiB, bound {bound:.1f} MiB "
+        f"(buffer {mib(n * geometry.buffer_cols * 2):.1f}, dX {mib(n * h * 2):.1f})",
+        flush=True,
+    )
+    assert peak <= bound
+
+
 def test_deepseek_v4_rope_bf16_as_unpatched():
     """V4's trailing interleaved rope of one tensor (head 512, rope 64, q transposed heads-first; -sin as its
     attention output), bf16 q with fp32 tables: forward bits and gradients against V4's own function."""

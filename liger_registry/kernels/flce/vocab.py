@@ -117,11 +117,17 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     )
     buffer_flat = torch.empty(n * geometry.buffer_cols, dtype=hidden.dtype, device=hidden.device)
     scratch_flat = None if dw is None else dw.view(-1)
-    pass1 = _views(geometry.pass1, n, w_dt, b_dt, scratch_flat, buffer_flat)
     state = new_state(n, hidden.device)
     argmax = bool(run.argmax_mode)
-    for c in pass1:
-        stats_update(_logits(hidden, c), c.start, target, state, argmax=argmax, **kw)
+    _pass1(
+        stats_update,
+        hidden,
+        _views(geometry.pass1, n, w_dt, b_dt, scratch_flat, buffer_flat),
+        target,
+        state,
+        argmax,
+        kw,
+    )
     zy = (
         target_logits(hidden, weight, target, bias, opts, run.backend) if needs_exact_target(hidden) else None
     )
@@ -133,7 +139,10 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
         ce, zl = ce * p, zl * p
         coefs = coefs._replace(coef=coefs.coef * p, a_s=coefs.a_s * p, sm=coefs.sm * p)
     pass2 = _views(geometry.pass2, n, w_dt, b_dt, scratch_flat, buffer_flat)
-    dh, db = _grads(hidden, target, pass2, dw, coefs, grad_inplace, kw, need)
+    acc, db = _grads(hidden, target, pass2, dw, coefs, grad_inplace, kw, need)
+    # no view of the logits buffer outlives pass 2, so dX's cast out of its fp32 accumulator may reuse its memory
+    del pass2, buffer_flat
+    dh = _dh(acc, hidden) if need[0] else None
     best_i = state.best_i if run.argmax_mode else None
     has_z = opts.lse_square_scale != 0.0
     if opts.reduction == "none":
@@ -141,9 +150,16 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     return ce.sum(), (zl.sum() if has_z else None), best_i, dh, dw, db
 
 
+def _pass1(stats_update, hidden, chunks, target, state, argmax, kw) -> None:
+    """Pass 1: each chunk's logits folded into the rows' running statistics (``state``)."""
+    for c in chunks:
+        stats_update(_logits(hidden, c), c.start, target, state, argmax=argmax, **kw)
+
+
 def _grads(hidden, target, chunks, dw, coefs, grad_inplace, kw, need):
     """Pass 2 (``chunks`` in descending column order): the in-place gradient of each chunk, ``dX += g @ W_c``
-    in fp32, ``dW[c] = g^T @ X`` and ``db[c] = sum(g)`` written once. Returns ``(dh, db)``; ``dw`` is filled."""
+    in fp32, ``dW[c] = g^T @ X`` and ``db[c] = sum(g)`` written once. Returns ``(dX's fp32 accumulator, db)``;
+    ``dw`` is filled."""
     need_dh, need_dw, need_db = need
     if not (need_dh or need_dw or need_db):
         return None, None
@@ -162,11 +178,11 @@ def _grads(hidden, target, chunks, dw, coefs, grad_inplace, kw, need):
             torch.mm(buf.t(), hidden, out=dw[c.start : c.start + c.w.shape[0]])
         if db is not None:
             torch.sum(buf, 0, dtype=torch.float32, out=db[c.start : c.start + c.w.shape[0]])
-    dh = None
-    if need_dh:
-        dh = (
-            acc.to(hidden.dtype)
-            if acc is not None
-            else torch.empty((0, h), dtype=hidden.dtype, device=device)
-        )
-    return dh, db
+    return acc, db
+
+
+def _dh(acc: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor:
+    """dX in the hidden states' dtype from its fp32 accumulator (``None``: no rows)."""
+    if acc is None:
+        return torch.empty((0, hidden.shape[1]), dtype=hidden.dtype, device=hidden.device)
+    return acc.to(hidden.dtype)
