@@ -84,7 +84,7 @@ for p in ${*:-tests flce e2e}; do
     ops) part ops "${T_OPS:-150}" 24 python3 benchmarks/bench_ops.py ;;
     verify) GPU_TEST_REPORT=$OUT/gpu_tests.json part verify-tests "${T_VERIFY:-120}" 20 python3 -m pytest -q -s \
               -p no:cacheprovider tests/kernels/test_gpu.py \
-              -k "deepseek_v4 or rope_tables or without_weight or multipliers or falcon_h1"
+              -k "deepseek_v4 or rope_tables or without_weight or multipliers or falcon_h1 or gemma3n"
             part verify-parity "${T_PARITY:-240}" 40 python3 -m pytest -q -p no:cacheprovider tests/convergence \
               -k "gpu and not with_logits and (${VERIFY_FAMILIES:-deepseek_v4 or \
 olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or granitemoehybrid or cohere or moe_experts_switched_on})" ;;

@@ -14,6 +14,8 @@ from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
 from liger_registry.modules.wiring import checks, makes
 from liger_registry.schemas import GluSpec
 
+# The MLP method that applies gate_sparsity (transformers' name in Gemma3nTextMLP).
+SPARSITY_METHOD = "_gaussian_topk"
 # Where transformers' MLPs keep their activation module, and what each GLU kind computes in its place.
 ACT_ATTRS = ("act_fn", "act", "activation_fn")
 KIND_ACTIVATIONS: dict[str, Callable] = {
@@ -35,13 +37,16 @@ def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
     ``gate_multiplier`` / ``down_multiplier`` (FalconH1MLP's ``config.mlp_multipliers``), 1.0 for an MLP without
     them. The gate multiplier runs in the kernel; the down one multiplies the down projection's output, as
     FalconH1MLP does: moved before the projection it would round elsewhere in half precision and scale no bias.
-    With ``spec.limit``, gate and up are clamped at the MLP's limit first."""
-    gate, up, down, limit = spec.gate, spec.up, spec.down, spec.limit
+    With ``spec.limit``, gate and up are clamped at the MLP's limit first; with ``spec.gate_sparsity``, the gate
+    of an MLP whose sparsity is above 0 goes through the MLP's own ``_gaussian_topk`` first."""
+    gate, up, down, limit, sparsity = spec.gate, spec.up, spec.down, spec.limit, spec.gate_sparsity
 
     def forward(self, x):
         g, u = getattr(self, gate)(x), getattr(self, up)(x)
         if limit is not None:
             g, u = _clamped(g, u, getattr(self, limit))
+        if sparsity is not None and getattr(self, sparsity) > 0.0:
+            g = getattr(self, SPARSITY_METHOD)(g)
         h = fused(g, u, gate_multiplier=getattr(self, "gate_multiplier", 1.0))
         out = getattr(self, down)(h)
         down_multiplier = getattr(self, "down_multiplier", 1.0)
@@ -71,14 +76,22 @@ def activation_problem(kind: str, target) -> str | None:
     return f"{type(target).__name__}.{attr} is {type(act).__name__}, not the {kind} kernel's activation"
 
 
+def sparsity_problem(spec: GluSpec, target) -> str | None:
+    """Why an MLP class cannot take ``gate_sparsity``: it has no ``_gaussian_topk`` to call."""
+    cls = target if isinstance(target, type) else type(target)
+    if spec.gate_sparsity is None or callable(getattr(cls, SPARSITY_METHOD, None)):
+        return None
+    return f"{cls.__name__} has no {SPARSITY_METHOD} method for gate_sparsity {spec.gate_sparsity!r}"
+
+
 @checks("swiglu")
 def swiglu_problem(spec: GluSpec, entry, target, resolve_class) -> str | None:
-    return activation_problem("swiglu", target)
+    return sparsity_problem(spec, target) or activation_problem("swiglu", target)
 
 
 @checks("geglu")
 def geglu_problem(spec: GluSpec, entry, target, resolve_class) -> str | None:
-    return activation_problem("geglu", target)
+    return sparsity_problem(spec, target) or activation_problem("geglu", target)
 
 
 @makes("swiglu")

@@ -165,6 +165,13 @@ class GluSpec(ModuleKernelSpec):
         "[-limit, limit] before the activation, as DeepseekV4MLP does with config.swiglu_limit (a None value "
         "clamps nothing). Split gate and up only.",
     )
+    gate_sparsity: str | None = Field(
+        default(GLU + "gate_sparsity"),
+        description="Attribute of the MLP holding an activation-sparsity target: where it is above 0, the gate "
+        "goes through the MLP's own `_gaussian_topk` before the activation, as Gemma3nTextMLP does with its "
+        "activation_sparsity (the top-k is transformers' method, the kernel computes what follows). Split gate "
+        "and up only.",
+    )
     act_config_attr: str | list[str] | None = Field(
         default(GLU + "act_config_attr"),
         description="Config attribute naming the activation (or alternatives, the first one the config has); "
@@ -176,8 +183,11 @@ class GluSpec(ModuleKernelSpec):
     def _gate_up_replaces_gate_and_up(self):
         if self.gate_up is not None and (self.gate, self.up) != (default(GLU + "gate"), default(GLU + "up")):
             raise ValueError(f"gate_up {self.gate_up!r} replaces gate and up: set one or the other")
-        if self.gate_up is not None and self.limit is not None:
-            raise ValueError(f"limit {self.limit!r} clamps split gate and up projections; gate_up is set")
+        for option in ("limit", "gate_sparsity"):
+            if self.gate_up is not None and getattr(self, option) is not None:
+                raise ValueError(
+                    f"{option} {getattr(self, option)!r} acts on split gate and up projections; gate_up is set"
+                )
         return self
 
     @property

@@ -889,6 +889,39 @@ def test_deepseek_v4_rope_bf16_as_unpatched():
         _check(case, "dx", outs[0][1], outs[1][1], torch.bfloat16)
 
 
+@pytest.mark.parametrize("sparsity", [0.95, 0.0])
+def test_gemma3n_mlp_with_gate_sparsity_bf16_as_unpatched(sparsity):
+    """Gemma3nTextMLP (a gaussian top-k on the gate where activation_sparsity > 0, then gelu_tanh(gate) * up)
+    against the geglu drop-in with gate_sparsity, bf16 on the Triton kernel: forward bits and gradients."""
+    from transformers.models.gemma3n import modeling_gemma3n
+    from transformers.models.gemma3n.configuration_gemma3n import Gemma3nTextConfig
+
+    from liger_registry.modules.glu import geglu_forward
+    from liger_registry.schemas import GluSpec
+
+    config = Gemma3nTextConfig(
+        hidden_size=2048,
+        intermediate_size=[8192],
+        num_hidden_layers=1,
+        activation_sparsity_pattern=[sparsity],
+        hidden_activation="gelu_pytorch_tanh",
+    )
+    torch.manual_seed(0)
+    mlp = modeling_gemma3n.Gemma3nTextMLP(config, layer_idx=0).to("cuda", torch.bfloat16)
+    x = torch.randn(
+        4096, 2048, device="cuda", generator=torch.Generator(device="cuda").manual_seed(7)
+    ).bfloat16()
+    forward = geglu_forward(GluSpec(targets=["Gemma3nTextMLP"], gate_sparsity="activation_sparsity"))
+    outs = []
+    for fn in (lambda t: forward(mlp, t), mlp):
+        xi = x.clone().requires_grad_()
+        y = fn(xi)
+        (dx,) = torch.autograd.grad(y, xi, torch.ones_like(y))
+        outs.append((y, dx))
+    _bits_check(f"Gemma3nTextMLP sparsity {sparsity} output", outs[0][0], outs[1][0])
+    _check(f"Gemma3nTextMLP sparsity {sparsity}", "dx", outs[0][1], outs[1][1], torch.bfloat16)
+
+
 def test_deepseek_v4_shared_expert_bf16_as_unpatched():
     """DeepseekV4MLP (gate and up clamped at swiglu_limit, then silu(gate) * up) against the swiglu drop-in with
     its limit, bf16, pre-activations wide enough that a fifth of them are clamped."""

@@ -1,7 +1,8 @@
 """The gated-MLP drop-in with a clamp limit (``GluSpec.limit``) against DeepSeek-V4's shared expert
 (``DeepseekV4MLP``: gate clamped above, up to +-limit, then ``silu(gate) * up``), on both backends (Triton through
-the interpreter): forward and every gradient, the torch path bit-equal, Triton to a tight tolerance. And the
-per-module activation check of the GLU kinds."""
+the interpreter): forward and every gradient, the torch path bit-equal, Triton to a tight tolerance. The same for
+the gate sparsity option (``GluSpec.gate_sparsity``) against Gemma 3n's MLP. And the per-module activation check of
+the GLU kinds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 
 import liger_registry
-from liger_registry.modules.glu import activation_problem, swiglu_forward
+from liger_registry.modules.glu import activation_problem, geglu_forward, geglu_problem, swiglu_forward
 from liger_registry.registry import load_registry
 from liger_registry.schemas import GluSpec
 from liger_registry.testing import tiny_model
@@ -71,7 +72,7 @@ def test_without_limit_the_clamped_mlp_differs():
 
 
 def test_limit_is_for_split_projections_only():
-    with pytest.raises(ValidationError, match="limit 'limit' clamps split gate and up projections"):
+    with pytest.raises(ValidationError, match="limit 'limit' acts on split gate and up projections"):
         GluSpec(targets=["M"], gate_up="gate_up_proj", limit="limit")
 
 
@@ -117,3 +118,75 @@ def test_a_vision_tower_with_another_activation_is_refused_not_patched_with_silu
         liger_registry.PatchError, match="Mlp.act_fn is GELUActivation, not the swiglu kernel.s activation"
     ):
         liger_registry.apply(model)
+
+
+def _gemma3n_mlp(sparsity, dtype):
+    from transformers.models.gemma3n import modeling_gemma3n
+    from transformers.models.gemma3n.configuration_gemma3n import Gemma3nTextConfig
+
+    config = Gemma3nTextConfig(
+        hidden_size=H,
+        intermediate_size=[INTER],
+        num_hidden_layers=1,
+        activation_sparsity_pattern=[sparsity],
+        hidden_activation="gelu_pytorch_tanh",
+    )
+    torch.manual_seed(0)
+    return modeling_gemma3n.Gemma3nTextMLP(config, layer_idx=0).to(dtype)
+
+
+GEMMA3N_GEGLU = GluSpec(targets=["Gemma3nTextMLP"], gate_sparsity="activation_sparsity")
+
+
+@pytest.mark.parametrize("sparsity", [0.95, 0.0], ids=["sparse", "dense"])
+def test_geglu_forward_with_gate_sparsity_matches_gemma3n_mlp(backend, sparsity):
+    """Gemma3nTextMLP with activation sparsity: transformers' gaussian top-k on the gate, then the kernel."""
+    forward = geglu_forward(GEMMA3N_GEGLU)
+    for dtype in _dtypes(backend):
+        mlp = _gemma3n_mlp(sparsity, dtype)
+        x = torch.randn(2, 3, H, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+        ref, out = mlp(x), forward(mlp, x)
+        if sparsity:  # most of the gate is cut to zero by the top-k: the case tests it
+            assert (mlp._gaussian_topk(mlp.gate_proj(x)) == 0).float().mean() > 0.5
+        g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+        params = [x, *mlp.parameters()]
+        ref_all = (ref, *torch.autograd.grad(ref, params, g))
+        out_all = (out, *torch.autograd.grad(out, params, g))
+        for i, (a, b) in enumerate(zip(out_all, ref_all, strict=True)):
+            assert a.dtype == b.dtype and a.shape == b.shape, i
+            rel = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+            assert rel <= (0.0 if backend == "torch" and i == 0 else TOL.get(dtype, 1e-2)), (
+                f"{dtype} tensor {i}"
+            )
+
+
+def test_without_gate_sparsity_the_sparse_mlp_differs():
+    """The option is what makes the drop-in exact on a sparse layer: the plain forward is not."""
+    mlp = _gemma3n_mlp(0.95, torch.float32)
+    x = torch.randn(2, 3, H, generator=torch.Generator().manual_seed(1))
+    plain = geglu_forward(GluSpec(targets=["Gemma3nTextMLP"]))
+    assert not torch.allclose(plain(mlp, x), mlp(x), rtol=1e-3, atol=1e-3)
+    assert torch.allclose(geglu_forward(GEMMA3N_GEGLU)(mlp, x), mlp(x), rtol=1e-5, atol=1e-6)
+
+
+def test_gate_sparsity_needs_the_mlps_top_k_and_split_projections():
+    assert geglu_problem(GEMMA3N_GEGLU, None, _gemma3n_mlp(0.95, torch.float32), None) is None
+    problem = geglu_problem(GEMMA3N_GEGLU, None, modeling_deepseek_v4.DeepseekV4MLP, None)
+    assert problem == "DeepseekV4MLP has no _gaussian_topk method for gate_sparsity 'activation_sparsity'"
+    with pytest.raises(
+        ValidationError, match="gate_sparsity 'activation_sparsity' acts on split gate and up"
+    ):
+        GluSpec(targets=["M"], gate_up="gate_up_proj", gate_sparsity="activation_sparsity")
+
+
+def test_gemma3n_text_installs_geglu_on_its_sparse_layer_too():
+    """The tiny Gemma 3n's first layer is sparse (0.95), as the released checkpoints' first 10: patched, its MLPs
+    run the kernel and the model's loss and logits match the unpatched model's."""
+    model = tiny_model("gemma3n_text")
+    assert [layer.mlp.activation_sparsity for layer in model.model.layers][:2] == [0.95, 0.0]
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(3))
+    ref = model(input_ids=ids).logits
+    with liger_registry.patched(model) as handle:
+        assert any(str(r.kernel) == "geglu" for r in handle.report.patched)
+        out = model(input_ids=ids).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
