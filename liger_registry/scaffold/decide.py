@@ -20,6 +20,7 @@ from liger_registry.kernels.glu.torch_math import (
     swiglu_torch,
 )
 from liger_registry.kernels.norm.torch_math import rms_norm_torch
+from liger_registry.modules.glu import SPARSITY_METHOD
 from liger_registry.scaffold.inspect import Captured
 from liger_registry.schemas import KINDS
 from liger_registry.schemas.kernels import ROPE_LAYOUTS, RopeSpec
@@ -29,6 +30,9 @@ GLU_PROJECTIONS = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"), ("
 FUSED_GLU = ("gate_up_proj", "gate_up")
 # Module attributes that may hold a clamp limit of the gate and up (DeepseekV4MLP's `limit`).
 GLU_LIMITS = ("limit", "swiglu_limit")
+# Module attributes that may hold an activation-sparsity target applied by the module's own top-k
+# (Gemma3nTextMLP's `activation_sparsity`, GluSpec.gate_sparsity).
+GLU_SPARSITIES = ("activation_sparsity",)
 ACT_CONFIG_ATTRS = ("hidden_act", "hidden_activation")
 FP32_TOL = 1e-5
 
@@ -347,22 +351,31 @@ def fused_glu_projections(module: nn.Module) -> tuple[str, str] | None:
     return (gate_up, down) if gate_up is not None and down is not None else None
 
 
-def _glu_limit(module: nn.Module) -> str | None:
-    """The module's numeric clamp-limit attribute, if it has one."""
-    for name in GLU_LIMITS:
+def _numeric_attr(module: nn.Module, names: tuple[str, ...]) -> str | None:
+    """The first of `names` that the module holds as a number."""
+    for name in names:
         value = getattr(module, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return name
     return None
 
 
+def _glu_sparsity(module: nn.Module) -> str | None:
+    """The module's activation-sparsity attribute, when it also has the top-k method gate_sparsity calls."""
+    if not callable(getattr(module, SPARSITY_METHOD, None)):
+        return None
+    return _numeric_attr(module, GLU_SPARSITIES)
+
+
 def _glu_errors(
     module: nn.Module, x: torch.Tensor, names: tuple[str, ...]
 ) -> dict[tuple[str, str | None], float]:
-    """Max rel diff of each gated kernel's formula from the module's output, keyed (kernel, limit attribute);
-    names: (gate, up, down), or (gate_up, down) split by chunk(2) with the gate first, as glu_fused splits it.
-    A module with a limit attribute runs with the limit lowered to the gate's median magnitude, so only a
-    formula that clamps where the module does matches it."""
+    """Max rel diff of each gated kernel's formula from the module's output, keyed (kernel, option): option None
+    or a GluSpec option and its attribute, ("limit", attr) or ("gate_sparsity", attr); names: (gate, up, down),
+    or (gate_up, down) split by chunk(2) with the gate first, as glu_fused splits it. A module with a limit
+    attribute runs with the limit lowered to the gate's median magnitude, so only a formula that clamps where the
+    module does matches it. A module with a sparsity attribute and its top-k is tried with the top-k first (at
+    sparsity 0 both formulas are the same, and the tie keeps the option, which the module's class needs)."""
     with torch.no_grad():
         if len(names) == 2:
             want = module(x)
@@ -371,7 +384,12 @@ def _glu_errors(
         gate, up, down = (getattr(module, n) for n in names)
         g, u = gate(x), up(x)
         fns = {"swiglu": swiglu_torch, "geglu": geglu_torch}
-        if (attr := _glu_limit(module)) is None:
+        if (attr := _glu_sparsity(module)) is not None:
+            want = module(x)
+            topk = getattr(module, SPARSITY_METHOD)(g) if getattr(module, attr) > 0 else g
+            errs = {(k, ("gate_sparsity", attr)): rel_err(down(f(topk, u)), want) for k, f in fns.items()}
+            return errs | {(k, None): rel_err(down(f(g, u)), want) for k, f in fns.items()}
+        if (attr := _numeric_attr(module, GLU_LIMITS)) is None:
             want = module(x)
             return {(k, None): rel_err(down(f(g, u)), want) for k, f in fns.items()}
         module = copy.copy(module)  # the lowered limit on a shallow copy: the captured instance keeps its own
@@ -380,7 +398,7 @@ def _glu_errors(
         want = module(x)
         clamped = (g.clamp(max=limit), u.clamp(min=-limit, max=limit))
         errs = {(k, None): rel_err(down(f(g, u)), want) for k, f in fns.items()}
-        errs.update({(k, attr): rel_err(down(f(*clamped)), want) for k, f in fns.items()})
+        errs.update({(k, ("limit", attr)): rel_err(down(f(*clamped)), want) for k, f in fns.items()})
         return errs
 
 
@@ -400,7 +418,7 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     if names is None:
         verdict.reason = f"{name} has a fused gate_up projection but no down projection the kernel can name"
         return verdict
-    found: set[tuple[str, str | None]] = set()
+    found: set[tuple[str, tuple[str, str] | None]] = set()
     for index, instance in enumerate(captured.instances[:3]):
         module = _with_random_weight(instance, index).eval()
         x = _input(captured, index, getattr(module, names[0]).in_features)
@@ -416,7 +434,7 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     if len(found) > 1:
         verdict.reason = f"{name}'s instances use different activations or clamps"
         return verdict
-    verdict.kernel, limit = found.pop()
+    verdict.kernel, option = found.pop()
     act_attr = next((a for a in ACT_CONFIG_ATTRS if getattr(config, a, None)), None)
     # No activation in the config: the class hard-codes it, and the numbers above said which.
     if act_attr is not None and getattr(config, act_attr) not in KINDS[verdict.kernel].activations:
@@ -429,8 +447,8 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     roles = ("gate_up", "down") if len(names) == 2 else ("gate", "up", "down")
     spec = dict(zip(roles, names, strict=True))
     verdict.spec = {k: v for k, v in spec.items() if k == "gate_up" or v != f"{k}_proj"}
-    if limit is not None:
-        verdict.spec["limit"] = limit
+    if option is not None:
+        verdict.spec[option[0]] = option[1]
     if act_attr not in (None, "hidden_act"):
         verdict.spec["act_config_attr"] = act_attr
     return verdict

@@ -168,6 +168,32 @@ def test_glu_holding_an_unused_limit_gets_no_clamp():
     assert (verdict.kernel, verdict.ok, verdict.spec) == ("swiglu", True, {})
 
 
+class SparseGateMLP(GatedMLP):
+    """Gemma3nTextMLP's shape: where `activation_sparsity` > 0, its own gaussian top-k on the gate first."""
+
+    def __init__(self, sparsity):
+        super().__init__(lambda x: F.gelu(x, approximate="tanh"))
+        self.activation_sparsity = sparsity
+
+    def _gaussian_topk(self, g):
+        cutoff = g.mean(-1, keepdim=True) + g.std(-1, keepdim=True, unbiased=False) * 1.6448536
+        return F.relu(g - cutoff)
+
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        if self.activation_sparsity > 0:
+            gate = self._gaussian_topk(gate)
+        return self.down_proj(self.act(gate) * self.up_proj(x))
+
+
+def test_glu_with_a_sparse_gate_gets_gate_sparsity_on_sparse_and_dense_instances():
+    """Sparse and dense instances of one class agree on the option (at sparsity 0 it changes nothing)."""
+    mlps = [SparseGateMLP(0.95), SparseGateMLP(0.0)]
+    verdict = decide.decide_glu(Captured(SparseGateMLP, mlps), Config(hidden_activation="gelu_pytorch_tanh"))
+    want = {"gate_sparsity": "activation_sparsity", "act_config_attr": "hidden_activation"}
+    assert (verdict.kernel, verdict.ok, verdict.spec) == ("geglu", True, want)
+
+
 def test_glu_whose_config_names_another_activation_is_refused():
     verdict = decide.decide_glu(captured(GatedMLP(F.silu)), Config(hidden_act="relu"))
     assert not verdict.ok and "relu" in verdict.reason
