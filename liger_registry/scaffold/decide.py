@@ -369,7 +369,7 @@ def _glu_sparsity(module: nn.Module) -> str | None:
 
 def _glu_errors(
     module: nn.Module, x: torch.Tensor, names: tuple[str, ...]
-) -> dict[tuple[str, str | None], float]:
+) -> dict[tuple[str, tuple[str, str] | None], float]:
     """Max rel diff of each gated kernel's formula from the module's output, keyed (kernel, option): option None
     or a GluSpec option and its attribute, ("limit", attr) or ("gate_sparsity", attr); names: (gate, up, down),
     or (gate_up, down) split by chunk(2) with the gate first, as glu_fused splits it. A module with a limit

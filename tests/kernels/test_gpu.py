@@ -791,6 +791,18 @@ def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     assert overhead < 0.02, f"label check costs {overhead:.2%} of the FLCE call"
 
 
+def _vocab_step_and_peak(hidden, weight, target):
+    """(loss, dh, dw, peak MiB above the inputs) of one vocab-strategy FLCE forward + grad at the C=1 budget."""
+    h, w = _leaf(hidden, torch.bfloat16), _leaf(weight, torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = K.fused_linear_cross_entropy(h, w, target, strategy="vocab", chunk_mem_const=1)
+    dh, dw = torch.autograd.grad(out, [h, w])
+    torch.cuda.synchronize()
+    return out.detach(), dh, dw, (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 @pytest.mark.parametrize("bt", [2048, 4096])
 def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
     """The vocab strategy with chunks in dW's not yet written memory (Llama-3 head, C=1), every chunk kept for pass
@@ -812,15 +824,7 @@ def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
     results = {}
     for name, layout in layouts.items():
         monkeypatch.setattr(flce_vocab, "vocab_geometry", layout)
-        h, w = _leaf(hidden, torch.bfloat16), _leaf(weight, torch.bfloat16)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        out = K.fused_linear_cross_entropy(h, w, target, strategy="vocab", chunk_mem_const=1)
-        dh, dw = torch.autograd.grad(out, [h, w])
-        torch.cuda.synchronize()
-        results[name] = (out.detach(), dh, dw, (torch.cuda.max_memory_allocated() - base) / 2**20)
-        del out, dh, dw, h, w
+        results[name] = _vocab_step_and_peak(hidden, weight, target)
     monkeypatch.setattr(flce_vocab, "vocab_geometry", vocab_geometry)
     lp, dhp, dwp, mp = results.pop("plain")
     for name, (ls, dhs, dws, ms) in results.items():
@@ -845,14 +849,7 @@ def test_flce_vocab_peak_is_dw_accumulator_and_buffer(bt):
     peaks = flce_cost.peaks_of(hidden.device)
     keep = flce_cost.keeps_every_chunk(n, h, v, plan.chunk_vocab, 2, peaks, multiple)
     geometry = vocab_geometry(n, h, v, plan.chunk_vocab, True, multiple, keep)
-    hl, wl = _leaf(hidden, torch.bfloat16), _leaf(weight, torch.bfloat16)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out = K.fused_linear_cross_entropy(hl, wl, target, strategy="vocab", chunk_mem_const=1)
-    dh, dw = torch.autograd.grad(out, [hl, wl])
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    peak = _vocab_step_and_peak(hidden, weight, target)[-1]
     mib = lambda b: b / 2**20  # noqa: E731
     bound = mib(v * h * 2 + n * h * 4 + max(n * geometry.buffer_cols * 2, n * h * 2)) + 4.0
     print(

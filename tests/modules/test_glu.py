@@ -37,6 +37,12 @@ def _v4_mlp(limit, dtype):
     return mlp
 
 
+def _with_grads(out, ref, params):
+    """(out, its gradients), (ref, its gradients) w.r.t. params, for one random incoming gradient."""
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(ref.dtype)
+    return tuple((y, *torch.autograd.grad(y, params, g)) for y in (out, ref))
+
+
 def _dtypes(backend):
     return [torch.float32, torch.float16] + ([torch.bfloat16] if backend == "torch" else [])
 
@@ -50,10 +56,7 @@ def test_swiglu_forward_with_limit_matches_deepseek_v4_mlp(backend, limit):
         ref, out = mlp(x), forward(mlp, x)
         if limit == 1.5:  # the case tests the clamps: some of each projection must be past the limit
             assert (mlp.gate_proj(x) > limit).any() and (mlp.up_proj(x).abs() > limit).any()
-        g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-        params = [x, *mlp.parameters()]
-        ref_all = (ref, *torch.autograd.grad(ref, params, g))
-        out_all = (out, *torch.autograd.grad(out, params, g))
+        out_all, ref_all = _with_grads(out, ref, [x, *mlp.parameters()])
         for i, (a, b) in enumerate(zip(out_all, ref_all, strict=True)):
             assert a.dtype == b.dtype and a.shape == b.shape, i
             if backend == "torch":
@@ -148,10 +151,7 @@ def test_geglu_forward_with_gate_sparsity_matches_gemma3n_mlp(backend, sparsity)
         ref, out = mlp(x), forward(mlp, x)
         if sparsity:  # most of the gate is cut to zero by the top-k: the case tests it
             assert (mlp._gaussian_topk(mlp.gate_proj(x)) == 0).float().mean() > 0.5
-        g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
-        params = [x, *mlp.parameters()]
-        ref_all = (ref, *torch.autograd.grad(ref, params, g))
-        out_all = (out, *torch.autograd.grad(out, params, g))
+        out_all, ref_all = _with_grads(out, ref, [x, *mlp.parameters()])
         for i, (a, b) in enumerate(zip(out_all, ref_all, strict=True)):
             assert a.dtype == b.dtype and a.shape == b.shape, i
             rel = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
