@@ -22,7 +22,7 @@
 #   verify         what the CPU box changed since the last GPU run (NOTES, last plan): the new GPU tests (deepseek_v4's
 #                  rope and shared expert, the kernel options of issue 24) and the bf16 parity of the families whose
 #                  kernels were turned on without a GPU (VERIFY_FAMILIES, a pytest -k expression), and of the
-#                  families that ship moe_experts off, with it switched on
+#                  MoE families with moe_experts switched off (the rest of the patch without it)
 #   compile        benchmarks/compile_families.py (every family's tiny model, inductor vs eager; one run, 8 worker processes)
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
@@ -87,7 +87,7 @@ for p in ${*:-tests flce e2e}; do
               -k "deepseek_v4 or rope_tables or without_weight or multipliers or falcon_h1 or gemma3n"
             part verify-parity "${T_PARITY:-240}" 40 python3 -m pytest -q -p no:cacheprovider tests/convergence \
               -k "gpu and not with_logits and (${VERIFY_FAMILIES:-deepseek_v4 or \
-olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or granitemoehybrid or cohere or moe_experts_switched_on})" ;;
+olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or granitemoehybrid or cohere or moe_experts_switched_off})" ;;
     moe) part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
            tests/modules/test_moe_forward.py
          part moe-probe "${T_MOE_PROBE:-150}" 40 python3 benchmarks/probe_moe_kernels.py --tokens 4096,16384

@@ -31,7 +31,7 @@ def test_list_prints_every_family(capsys):
     header, *rows = out.splitlines()[:-1]
     at = header.index("off")  # the column's start; its cells are "-" or the kernels that are off
     off = [row.split()[0] for row in rows[1:] if not row[at:].startswith("- ")]
-    assert "mixtral" in off and "llama" not in off
+    assert "bitnet" in off and "llama" not in off and "mixtral" not in off
     assert out.splitlines()[-1] == (
         f"{len(registry.families)} families, {len(registry.by_model_type)} model types, "
         f"{len(registry.families) - len(off)} families with every kernel on"
