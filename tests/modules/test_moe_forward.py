@@ -142,9 +142,7 @@ def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch)
     real = moe.moe_experts
     monkeypatch.setattr(moe, "moe_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     model = tiny_model(model_type)
-    handle = liger_registry.apply(
-        model, moe_experts=True
-    )  # explicit: on even where a family ships it off
+    handle = liger_registry.apply(model, moe_experts=True)  # explicit: on even where a family ships it off
     model(**tiny_batch(model))
     n_experts = sum(1 for m in model.modules() if type(m).__name__.endswith("Experts"))
     assert n_experts and len(calls) == n_experts
