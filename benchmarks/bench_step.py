@@ -143,6 +143,7 @@ SMOKE_EXTRA = {"gemma2_2b": dict(sliding_window=16), "gpt_oss": dict(sliding_win
 METHODS = ("hf", "hf_compile", "liger", "ours", "ours_compile")
 CPU_METHODS = ("hf", "ours")
 NOISE = "hf_noise"
+NOISE_SEED = 99  # draw r of hf_noise: seed NOISE_SEED + r
 PROBE = "probe"
 NOISE_SCALE = (
     2.0**-9
@@ -177,6 +178,13 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--rows", default=None, help="comma list of MODEL:BATCHxSEQ, instead of models x shapes")
     p.add_argument("--methods", default=None, help="comma list of " + ", ".join(METHODS) + " (default: all)")
     p.add_argument("--no-noise", dest="noise", action="store_false", help="no hf_noise run per row")
+    p.add_argument(
+        "--noise-draws",
+        type=int,
+        default=1,
+        help="hf_noise runs per row, each its own perturbation (one per repeat from 0): a wider sample of the band "
+        "where the loss curve is chaotic",
+    )
     p.add_argument("--layers", default="", help="MODEL=N,... overrides the depth run")
     p.add_argument("--attn", default="", help="MODEL=IMPL,... overrides the attention implementation")
     p.add_argument("--repeats", type=int, default=2)
@@ -245,21 +253,24 @@ def rows_of(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def jobs_of(args: argparse.Namespace) -> list[dict]:
-    """Every process to run, in order: per repeat, per row, its methods in a rotated order; hf_noise in repeat 0."""
+    """Every process to run, in order: per repeat, per row, its methods in a rotated order; hf_noise in repeats
+    0 .. noise_draws - 1 (draw r perturbs with seed 99 + r)."""
     methods = args.methods.split(",")
     unknown = set(methods) - set(METHODS) - {NOISE}
     if unknown:
         raise SystemExit(f"bench_step: unknown methods {sorted(unknown)} (known: {', '.join(METHODS)})")
     layers, attn = pairs(args.layers), pairs(args.attn)
     jobs = []
-    for r in range(max(args.repeats, args.compile_repeats)):
+    if args.noise_draws < 1:
+        raise SystemExit("bench_step: --noise-draws must be at least 1 (use --no-noise for none)")
+    for r in range(max(args.repeats, args.compile_repeats, args.noise_draws if args.noise else 0)):
         for i, (model, shape) in enumerate(rows_of(args)):
             here = [
                 m
                 for m in methods
                 if r < (args.compile_repeats if m.endswith(e2e.COMPILED) else args.repeats) and m != NOISE
             ]
-            if r == 0 and args.noise and "hf" in methods:
+            if r < args.noise_draws and args.noise and "hf" in methods:
                 here.append(NOISE)
             if not here:
                 continue
@@ -376,7 +387,7 @@ def build_model(job: dict, device: str, dtype):
     return model.train(), config
 
 
-def perturb(model, scale: float = NOISE_SCALE, seed: int = 99) -> None:
+def perturb(model, scale: float = NOISE_SCALE, seed: int = NOISE_SEED) -> None:
     """Every weight times (1 + scale * N(0, 1)), rounded back to its dtype: a model as close to the original as
     another bf16 rounding of it."""
     import torch
@@ -422,7 +433,7 @@ def run_job(job: dict) -> dict:
                 out["hf_experts_implementation"] = config._experts_implementation
             t = time.perf_counter()
             if job["method"] == NOISE:
-                perturb(model)
+                perturb(model, seed=NOISE_SEED + job["repeat"])
             out.update(e2e.patch({**job, "method": "hf" if job["method"] == NOISE else job["method"]}, model))
             if job["method"].endswith(e2e.COMPILED):
                 model = compile_model(model, job.get("compile", "model"))

@@ -254,6 +254,16 @@ def test_step_jobs_rotate_methods_and_run_the_noise_reference_once() -> None:
     assert compiled["timeout_s"] == 2 * args.timeout_s
 
 
+def test_step_noise_draws_are_separate_perturbations() -> None:
+    step = _load("bench_step.py")
+    args = step.parse(["--models", "gpt_oss", "--shapes", "2x4096", "--methods", "hf,ours", "--noise-draws", "3"])
+    noise = [j for j in step.jobs_of(args) if j["method"] == step.NOISE]
+    assert [j["repeat"] for j in noise] == [0, 1, 2]
+    assert sum(j["method"] == "ours" for j in step.jobs_of(args)) == args.repeats  # draw 3 adds no other run
+    with pytest.raises(SystemExit, match="at least 1"):
+        step.jobs_of(step.parse(["--models", "gpt_oss", "--noise-draws", "0"]))
+
+
 def test_step_loss_check_against_hf_noise_and_the_targets() -> None:
     step = _load("bench_step.py")
 
