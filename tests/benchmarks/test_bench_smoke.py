@@ -256,7 +256,9 @@ def test_step_jobs_rotate_methods_and_run_the_noise_reference_once() -> None:
 
 def test_step_noise_draws_are_separate_perturbations() -> None:
     step = _load("bench_step.py")
-    args = step.parse(["--models", "gpt_oss", "--shapes", "2x4096", "--methods", "hf,ours", "--noise-draws", "3"])
+    args = step.parse(
+        ["--models", "gpt_oss", "--shapes", "2x4096", "--methods", "hf,ours", "--noise-draws", "3"]
+    )
     noise = [j for j in step.jobs_of(args) if j["method"] == step.NOISE]
     assert [j["repeat"] for j in noise] == [0, 1, 2]
     assert sum(j["method"] == "ours" for j in step.jobs_of(args)) == args.repeats  # draw 3 adds no other run
