@@ -594,6 +594,21 @@ def test_opcheck(case: Case, backend: str):
     torch.library.opcheck(getattr(OPS, case.op).default, args, test_utils=utils)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "strided-rows"])
+def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(layout, monkeypatch):
+    """The weight and bias gradients as torch._grouped_mm (what CUDA runs), forced on the CPU's grouped GEMM: the
+    bias gradients must come back in the fake's contiguous layout (a strided view broke inductor on CUDA)."""
+    if not TRITON_RUNS:
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 at import")
+    from liger_registry.kernels.moe import ops as moe_ops
+
+    monkeypatch.setattr(moe_ops, "wgrad_by_grouped_mm", lambda x, h: True)
+    case = next(
+        c for c in CASES if c.op == "moe_experts_bwd" and c.layout == f"{layout}-transposed-bias-clamped"
+    )
+    torch.library.opcheck(OPS.moe_experts_bwd.default, case.make("triton"))
+
+
 @pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize("layout", ["transposed"])
 def test_compiled_cross_entropy_matches_eager(backend, layout, monkeypatch):

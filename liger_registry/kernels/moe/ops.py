@@ -140,7 +140,9 @@ def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Rou
         if b is None:
             return x.new_empty(0)
         ones = g.new_ones(g.shape[0], 16 // g.element_size())  # the narrowest block its alignment rule takes
-        return torch._grouped_mm(ones.t(), g, offs=offs)[:, 0].to(b.dtype)
+        # row 0 of each expert's [block, N] product is a strided view: contiguous, as the fake says (the cast
+        # copies only where the dtypes differ)
+        return torch._grouped_mm(ones.t(), g, offs=offs)[:, 0].to(b.dtype).contiguous()
 
     dw_gu = per_expert(dgu, x[route.src.long()])
     db_gu = bias_grad(dgu, b_gu)
