@@ -11,7 +11,9 @@ Methods, each run in its own process (bench_e2e's process machinery: forked from
 and transformers once, or --spawn): `hf` (unpatched), `hf_compile` (torch.compile(model)), `liger` (the
 reference library's apply_liger_kernel_to_<family>(model=...), a benchmark-only peer), `ours`
 (liger_registry.apply(model)), `ours_compile`; plus `hf_noise`, once per row: HF with every weight moved by
-about half a bf16 rounding step, the reference for what rounding-level differences do to the loss curve.
+about half a bf16 rounding step, the reference for what rounding-level differences do to the loss curve
+(`--noise-draws N`: N such runs, each its own perturbation); and, on request, `hf_fp32`, once per row: HF on the
+same initial weights upcast to fp32 and trained in fp32, the exact curve each method's distance is reported from.
 The methods of a row run next to each other in a rotated order, rows and repeats interleaved (bench_e2e's order).
 
 Per run: tokens/s of the median step after the warm-up steps, peak allocated GiB, model FLOPs utilisation
@@ -144,6 +146,9 @@ METHODS = ("hf", "hf_compile", "liger", "ours", "ours_compile")
 CPU_METHODS = ("hf", "ours")
 NOISE = "hf_noise"
 NOISE_SEED = 99  # draw r of hf_noise: seed NOISE_SEED + r
+# HF on the same bf16 initial weights upcast to fp32, trained in fp32 (TF32 off), once per row: which curve is
+# nearer the exact one where a method leaves HF's noise band (opt in: --methods ...,hf_fp32)
+FP32_REF = "hf_fp32"
 PROBE = "probe"
 NOISE_SCALE = (
     2.0**-9
@@ -176,7 +181,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--models", default=None, help="comma list of " + ", ".join(MODELS) + " (default: all)")
     p.add_argument("--shapes", default=None, help="comma list of BATCHxSEQ (default 2x4096,1x16384)")
     p.add_argument("--rows", default=None, help="comma list of MODEL:BATCHxSEQ, instead of models x shapes")
-    p.add_argument("--methods", default=None, help="comma list of " + ", ".join(METHODS) + " (default: all)")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="comma list of " + ", ".join((*METHODS, FP32_REF)) + f" (default: all but {FP32_REF})",
+    )
     p.add_argument("--no-noise", dest="noise", action="store_false", help="no hf_noise run per row")
     p.add_argument(
         "--noise-draws",
@@ -256,7 +265,7 @@ def jobs_of(args: argparse.Namespace) -> list[dict]:
     """Every process to run, in order: per repeat, per row, its methods in a rotated order; hf_noise in repeats
     0 .. noise_draws - 1 (draw r perturbs with seed 99 + r)."""
     methods = args.methods.split(",")
-    unknown = set(methods) - set(METHODS) - {NOISE}
+    unknown = set(methods) - set(METHODS) - {NOISE, FP32_REF}
     if unknown:
         raise SystemExit(f"bench_step: unknown methods {sorted(unknown)} (known: {', '.join(METHODS)})")
     layers, attn = pairs(args.layers), pairs(args.attn)
@@ -268,7 +277,9 @@ def jobs_of(args: argparse.Namespace) -> list[dict]:
             here = [
                 m
                 for m in methods
-                if r < (args.compile_repeats if m.endswith(e2e.COMPILED) else args.repeats) and m != NOISE
+                if r
+                < (args.compile_repeats if m.endswith(e2e.COMPILED) else 1 if m == FP32_REF else args.repeats)
+                and m != NOISE
             ]
             if r < args.noise_draws and args.noise and "hf" in methods:
                 here.append(NOISE)
@@ -434,7 +445,10 @@ def run_job(job: dict) -> dict:
             t = time.perf_counter()
             if job["method"] == NOISE:
                 perturb(model, seed=NOISE_SEED + job["repeat"])
-            out.update(e2e.patch({**job, "method": "hf" if job["method"] == NOISE else job["method"]}, model))
+            if job["method"] == FP32_REF:
+                model = model.float()
+            unpatched = job["method"] in (NOISE, FP32_REF)
+            out.update(e2e.patch({**job, "method": "hf" if unpatched else job["method"]}, model))
             if job["method"].endswith(e2e.COMPILED):
                 model = compile_model(model, job.get("compile", "model"))
             out["apply_s"] = time.perf_counter() - t
@@ -616,7 +630,7 @@ def loss_check(row: dict) -> None:
     it, the larger of the two over the steps; every method's largest distance from HF's first curve against it."""
     ms = row["methods"]
     hf = ms.get("hf", {}).get("curves") or []
-    check = {"band": None, "band_repeats": None, "band_noise": None, "dev": {}, "within": {}}
+    check = {"band": None, "band_repeats": None, "band_noise": None, "dev": {}, "within": {}, "fp32_dev": {}}
     row["loss_check"] = check
     if not hf:
         return
@@ -627,9 +641,12 @@ def loss_check(row: dict) -> None:
         check["band_noise"] = max(max_gap(c, ref) for c in ms[NOISE]["curves"])
     bands = [b for b in (check["band_repeats"], check["band_noise"]) if b is not None]
     check["band"] = max(bands) if bands else None
+    exact = (ms.get(FP32_REF, {}).get("curves") or [None])[0]
     for name, m in ms.items():
+        if exact is not None and name != FP32_REF and m["curves"]:
+            check["fp32_dev"][name] = max(max_gap(c, exact) for c in m["curves"])
         curves = m["curves"][1:] if name == "hf" else m["curves"]
-        if name == NOISE or not curves:
+        if name in (NOISE, FP32_REF) or not curves:
             continue
         check["dev"][name] = max(max_gap(c, ref) for c in curves)
         check["within"][name] = None if not check["band"] else check["dev"][name] <= check["band"]
@@ -747,6 +764,21 @@ def loss_lines(rows: list[dict], methods: list[str]) -> list[str]:
             mark = "!" if c["within"].get(m) is False else " "
             line += f"{ffmt(dev, '.2e') + mark:>{cw}}"
         lines.append(line)
+    return lines + fp32_lines(rows, [m for m in methods if m != FP32_REF] + [NOISE], w, cw)
+
+
+def fp32_lines(rows: list[dict], methods: list[str], w: int, cw: int) -> list[str]:
+    """Each method's largest distance from the fp32 curve (rows where hf_fp32 ran; none: no lines)."""
+    rows = [r for r in rows if r["loss_check"].get("fp32_dev")]
+    if not rows:
+        return []
+    lines = [
+        f"distance from {FP32_REF} (max over steps of |loss - fp32 curve|; {NOISE}: its farthest draw)",
+        f"{'row':<{w}} |" + "".join(f"{m:>{cw}}" for m in methods),
+    ]
+    for row in rows:
+        dev = row["loss_check"]["fp32_dev"]
+        lines.append(f"{label_of(row):<{w}} |" + "".join(f"{ffmt(dev.get(m), '.2e'):>{cw}}" for m in methods))
     return lines
 
 

@@ -297,6 +297,32 @@ def test_step_loss_check_against_hf_noise_and_the_targets() -> None:
     assert row["targets"] == {} and row["ratios"]["ours/liger"] == pytest.approx(140 / 120)
 
 
+def test_step_distance_from_the_fp32_reference() -> None:
+    """hf_fp32 runs once per row, is left out of the band check, and every method's distance from it is
+    reported (the noise draws' farthest)."""
+    step = _load("bench_step.py")
+    args = step.parse(["--models", "gpt_oss", "--shapes", "2x4096", "--methods", f"hf,ours,{step.FP32_REF}"])
+    assert [j["repeat"] for j in step.jobs_of(args) if j["method"] == step.FP32_REF] == [0]
+    row = {
+        "model": "gpt_oss",
+        "shape": "2x4096",
+        "layers": 4,
+        "methods": {
+            "hf": {"curves": [[3.0, 2.0], [3.0, 2.1]]},
+            step.NOISE: {"curves": [[3.0, 2.05], [3.0, 1.8]]},
+            "ours": {"curves": [[3.0, 1.7]]},
+            step.FP32_REF: {"curves": [[3.0, 1.75]]},
+        },
+    }
+    step.loss_check(row)
+    check = row["loss_check"]
+    assert step.FP32_REF not in check["dev"] and check["within"]["ours"] is False
+    assert check["fp32_dev"] == pytest.approx({"hf": 0.35, step.NOISE: 0.3, "ours": 0.05})
+    lines = step.fp32_lines([row], ["hf", "ours", step.NOISE], 24, 11)
+    assert lines[0].startswith(f"distance from {step.FP32_REF}") and "5.00e-02" in lines[-1]
+    assert step.fp32_lines([{"loss_check": {"fp32_dev": {}}}], ["hf"], 24, 11) == []
+
+
 def test_flce_ours_against_every_peer_at_or_below_its_peak() -> None:
     flce = _load("bench_flce.py")
     ours = {"random_ms": 10.0, "peak_mib": 1300.0}
