@@ -54,14 +54,8 @@ def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type)
     LayerNorm1P, relu²), gpt_oss (half-split rope, clamped experts gate), llama4 (complex rope): the draft turns
     on the same kernels on the same targets with the same variant options as the entries written by hand."""
     drafted, hand = draft(model_type).entry, BUNDLED.family_for(model_type).entry
-
-    # moe_experts: the draft proves it exact; a family may ship it off for speed (its entry's reason), not numerics
-    def others(entry):
-        return {k: v for k, v in _kernels(entry).items() if k != "moe_experts"}
-
-    assert others(drafted) == others(hand)
-    drafted_moe, hand_moe = drafted.kernels.moe_experts, hand.kernels.moe_experts
-    assert drafted_moe == hand_moe or (hand_moe.enabled is False and drafted_moe.targets == hand_moe.targets)
+    assert _kernels(drafted) == _kernels(hand)
+    assert drafted.kernels.moe_experts == hand.kernels.moe_experts
     drafted_options, hand_options = _variant_options(drafted), _variant_options(hand)
     if hand_options["rope"] and hand_options["rope"][0] == "half_split":
         # GPT-OSS's half-width table: the default rope reads cos[..., :head_dim // 2] (the reference library's
