@@ -37,6 +37,16 @@ def test_ddp_and_fsdp2_on_two_cpu_processes(tmp_path):
     check(launch(tmp_path, CPU_MODES, nproc=2), CPU_MODES)
 
 
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_moe_experts_under_ddp_and_fsdp2_on_two_cpu_processes(tmp_path, model_type):
+    """The experts kernel on the parameters DDP replicates and FSDP2 shards per layer (3-D stacked weights; GPT-OSS:
+    transposed, with biases): the same losses and gradients as unpatched on every rank."""
+    results = launch(tmp_path, CPU_MODES, nproc=2, env_extra={"WORKER_MODEL": model_type})
+    check(results, CPU_MODES)
+    assert all("moe_experts" in r[mode]["patched"]["kinds"] for r in results for mode in CPU_MODES)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (nccl)")
 def test_every_mode_on_the_gpus(tmp_path):
     nproc = torch.cuda.device_count()

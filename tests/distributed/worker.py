@@ -17,6 +17,7 @@ MODES = ("ddp", "fsdp2", "fsdp2_head", "fsdp1", "fsdp1_head")
 
 
 DEVICE = os.environ.get("WORKER_DEVICE", "cpu")
+MODEL_TYPE = os.environ.get("WORKER_MODEL", "llama")  # a bundled family's tiny model
 
 
 def wrap(model, mode: str):
@@ -56,8 +57,9 @@ def full_grads(wrapped, mode: str) -> dict[str, list[float]]:
 
 
 def run(mode: str, patch: bool, rank: int) -> dict:
-    model = tiny_model("llama").to(DEVICE)
+    model = tiny_model(MODEL_TYPE).to(DEVICE)
     handle = L.apply(model) if patch else None
+    kinds = sorted({r.kernel for r in handle.report.patched}) if handle is not None else []
     wrapped = wrap(model, mode)
     batch = tiny_batch(model, batch=4, seq=16, seed=1)
     batch = {k: v[2 * rank : 2 * rank + 2].to(DEVICE) for k, v in batch.items()}
@@ -80,7 +82,7 @@ def run(mode: str, patch: bool, rank: int) -> dict:
     hook.remove()
     if handle is not None:
         handle.revert()
-    return {"losses": losses, "grads": grads, "head_calls": head_calls}
+    return {"losses": losses, "grads": grads, "head_calls": head_calls, "kinds": kinds}
 
 
 def main() -> None:
