@@ -99,3 +99,35 @@ def test_lora_lm_head_with_dropout_falls_back_to_logits_with_a_warning():
             out = model(**batch)
     assert calls == [1] and torch.isfinite(out.loss)
     assert out.logits is not None  # nothing fused: the logits it computed come back, as unpatched
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_lora_on_the_stacked_experts_weights_runs_the_experts_kernel(model_type, monkeypatch):
+    """PEFT's LoRA on 3-D expert parameters (`target_parameters`: a parametrization, so the module's weight
+    attribute reads W + BA): the experts kernel takes the adapted weights, the LoRA factors get the unpatched
+    model's gradients."""
+
+    def lora_experts():
+        config = peft.LoraConfig(
+            task_type="CAUSAL_LM",
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            target_modules=["q_proj"],
+            target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
+        )
+        return peft.get_peft_model(tiny_model(model_type), config)
+
+    from liger_registry.modules import moe
+
+    reference = train(lora_experts())
+    model = lora_experts()
+    handle = L.apply(model)
+    assert "moe_experts" in {r.kernel for r in handle.report.patched}
+    calls = []
+    real = moe.moe_experts
+    monkeypatch.setattr(moe, "moe_experts", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    got = train(model)
+    assert calls, "the experts kernel did not run under PEFT's parametrization"
+    assert any("experts" in name and "lora" in name for name in got[1])
+    assert_same(got, reference)
