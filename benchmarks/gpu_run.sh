@@ -4,7 +4,8 @@
 # bench_flce.json, bench_e2e.json, bench_e2e.png, bench_ops.json, compile.json; step: bench_step[_TAG].json,
 # bench_step[_TAG]_tps.png, bench_step[_TAG]_loss.png).
 # Usage: bash benchmarks/gpu_run.sh PART...   (default: tests flce e2e)
-#   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py)
+#   tests          GPU tests (tests/kernels/test_gpu.py, test_gpu_variants.py, tests/alignment/test_gpu_alignment.py,
+#                  tests/integrations/test_checkpointing.py on CUDA)
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
 #                  transformers), compile-check rules
 #   parity         bf16 GPU parity suite (tests/convergence -k gpu, without the with-logits runs), strategy as planned
@@ -62,7 +63,8 @@ part() {  # part NAME LIMIT_S TAIL_LINES COMMAND...
 for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-240}" 30 \
-             python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py tests/kernels/test_gpu_variants.py tests/alignment/test_gpu_alignment.py ;;
+             python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_gpu.py tests/kernels/test_gpu_variants.py tests/alignment/test_gpu_alignment.py \
+             tests/integrations/test_checkpointing.py ;;
     fidelity) part fidelity "${T_FIDELITY:-180}" 12 python3 -m pytest -q -p no:cacheprovider \
                 tests/kernels/test_opcheck.py tests/kernels/test_compile_variants.py \
                 tests/convergence/test_moe_router_logits.py tests/integrations/test_compile_families.py -k "not test_inductor_compile_with_triton" ;;

@@ -76,17 +76,20 @@ def _setup(ctx, inputs, output):
     ctx.options = options
 
 
-def _grads(ctx, dq, dk) -> tuple[Tensor, Tensor]:
-    """The output gradients, zeros for an unused output (not materialised on the eager path)."""
-    cos = ctx.saved_tensors[0]
+def _grads(ctx, dq, dk, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The output gradients, zeros (on ``like``'s device) for an unused output (not materialised on the eager
+    path)."""
     return tuple(
-        g if g is not None else cos.new_zeros(shape, dtype=dtype)
+        g if g is not None else like.new_zeros(shape, dtype=dtype)
         for g, (shape, dtype) in zip((dq, dk), ctx.inputs, strict=True)
     )
 
 
+# ctx.saved_tensors is read once per backward: non-reentrant activation checkpointing unpacks each saved tensor
+# at most once and raises on a second read
 def _rope_backward(ctx, dq, dk):
-    gq, gk = ROPE_OP.from_backward(ctx, *_grads(ctx, dq, dk), *ctx.saved_tensors, True, ctx.options[-1])
+    cos, sin = ctx.saved_tensors
+    gq, gk = ROPE_OP.from_backward(ctx, *_grads(ctx, dq, dk, cos), cos, sin, True, ctx.options[-1])
     (_, q_dtype), (_, k_dtype) = ctx.inputs
     return gq.to(q_dtype), gk.to(k_dtype), None, None, None, None
 
@@ -94,8 +97,9 @@ def _rope_backward(ctx, dq, dk):
 def _variant_backward(ctx, dq, dk):
     (_, q_dtype), (_, k_dtype) = ctx.inputs
     layout = ctx.options[:3]
+    cos, sin = ctx.saved_tensors
     grads = ROPE_VARIANT_OP.from_backward(
-        ctx, *_grads(ctx, dq, dk), *ctx.saved_tensors, *layout, q_dtype, k_dtype, True
+        ctx, *_grads(ctx, dq, dk, cos), cos, sin, *layout, q_dtype, k_dtype, True
     )
     return (*grads, *(None,) * 8)
 
