@@ -261,26 +261,29 @@ def rows_of(args: argparse.Namespace) -> list[tuple[str, str]]:
     return rows
 
 
+def repeats_of(method: str, args: argparse.Namespace) -> int:
+    """How many repeats run a method: compiled ones --compile-repeats, the fp32 reference one, the rest --repeats."""
+    if method.endswith(e2e.COMPILED):
+        return args.compile_repeats
+    return 1 if method == FP32_REF else args.repeats
+
+
 def jobs_of(args: argparse.Namespace) -> list[dict]:
     """Every process to run, in order: per repeat, per row, its methods in a rotated order; hf_noise in repeats
-    0 .. noise_draws - 1 (draw r perturbs with seed 99 + r)."""
+    0 .. noise_draws - 1 (draw r perturbs with seed NOISE_SEED + r)."""
     methods = args.methods.split(",")
     unknown = set(methods) - set(METHODS) - {NOISE, FP32_REF}
     if unknown:
-        raise SystemExit(f"bench_step: unknown methods {sorted(unknown)} (known: {', '.join(METHODS)})")
+        raise SystemExit(
+            f"bench_step: unknown methods {sorted(unknown)} (known: {', '.join((*METHODS, FP32_REF))})"
+        )
     layers, attn = pairs(args.layers), pairs(args.attn)
     jobs = []
     if args.noise_draws < 1:
         raise SystemExit("bench_step: --noise-draws must be at least 1 (use --no-noise for none)")
     for r in range(max(args.repeats, args.compile_repeats, args.noise_draws if args.noise else 0)):
         for i, (model, shape) in enumerate(rows_of(args)):
-            here = [
-                m
-                for m in methods
-                if r
-                < (args.compile_repeats if m.endswith(e2e.COMPILED) else 1 if m == FP32_REF else args.repeats)
-                and m != NOISE
-            ]
+            here = [m for m in methods if m != NOISE and r < repeats_of(m, args)]
             if r < args.noise_draws and args.noise and "hf" in methods:
                 here.append(NOISE)
             if not here:
