@@ -28,8 +28,8 @@
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
-#   profile-step   the same on a bench_step row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096; ours
-#                  then STEP_PEER, default liger: e.g. hf for a MoE row): issue 25's profile
+#   profile-step   the same on a bench_step row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096; STEP_METHOD,
+#                  default ours, then STEP_PEER, default liger: e.g. hf for a MoE row, hf_compile after ours_compile): issue 25's profile
 # Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..." STEP_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
 set -o pipefail
@@ -100,7 +100,7 @@ olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or gran
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c \
                    "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048" ;;
     probe-rows) part probe-rows "${T_PROBE:-120}" 12 python3 benchmarks/probe_row_stats.py ;;
-    profile-step) part profile-step "${T_PROBE:-240}" 80 bash -c "python3 benchmarks/probe_e2e_step.py --method ours \
+    profile-step) part profile-step "${T_PROBE:-240}" 80 bash -c "python3 benchmarks/probe_e2e_step.py --method ${STEP_METHOD:-ours} \
                     --step-model ${STEP_MODEL:-llama3_2_1b} --shape ${STEP_SHAPE:-2x4096} && python3 \
                     benchmarks/probe_e2e_step.py --method ${STEP_PEER:-liger} --step-model ${STEP_MODEL:-llama3_2_1b} \
                     --shape ${STEP_SHAPE:-2x4096}" ;;
