@@ -30,6 +30,7 @@
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
 #   profile-step   the same on a bench_step row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096; STEP_METHOD,
 #                  default ours, then STEP_PEER, default liger: e.g. hf for a MoE row, hf_compile after ours_compile): issue 25's profile
+# TF_WHEELS=DIR (carried, e.g. .whl_tf525 from `pip download transformers==X`): that transformers instead of the image's.
 # Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..." STEP_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
 set -o pipefail
@@ -42,6 +43,11 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     || { echo "gpu_run: installing .whl/*.whl failed"; exit 1; }
 else
   echo "gpu_run: no .whl/ (carry [\".whl\"]): the peer liger-kernel will be missing" | tee -a "$LOG"
+fi
+if [[ -n "${TF_WHEELS:-}" ]]; then  # another transformers (and what it needs) over the image's, e.g. the newest
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site_tf \
+    "$TF_WHEELS"/*.whl || { echo "gpu_run: installing $TF_WHEELS/*.whl failed"; exit 1; }
+  export PYTHONPATH=/tmp/site_tf${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,temperature.gpu --format=csv,noheader | tee -a "$LOG"

@@ -169,8 +169,11 @@ def main() -> None:
     trace = str(Path(tempfile.mkdtemp()) / "trace.json")
     prof.export_chrome_trace(trace)
     gaps = trace_summary(trace)
+    import transformers
+
     print(
         f"{args.method} {job['model']} L{job['layers']} {job['tokens']} tokens  {info.get('flce_plan', '')}"
+        f"  ({torch.cuda.get_device_name()}, torch {torch.__version__}, transformers {transformers.__version__})"
     )
     print("phase ms (median): " + " ".join(f"{k} {v:.2f}" for k, v in med.items()))
     kinds = gaps.get("kinds_ms", {})
