@@ -19,6 +19,11 @@ from liger_registry.forwards.head import (
     warn_unfusable,
 )
 from liger_registry.forwards.logits_loss import changes_the_loss, cross_entropy_loss, logits_loss
+from liger_registry.forwards.positions import (
+    DEFAULT_POSITIONS,
+    default_positions_call,
+    takes_default_positions,
+)
 from liger_registry.forwards.registry import register_forward
 from liger_registry.forwards.skip_logits import resolve_skip_logits
 
@@ -152,9 +157,11 @@ def materialised_loss(
 def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any:
     _refuse_trl_fused_head(extra)
     base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
-    return getattr(model, ctx.entry.head.base_model)(
-        **base_args, **{k: v for k, v in extra.items() if k not in HEAD_EXTRA}
-    )
+    base_kwargs = {k: v for k, v in extra.items() if k not in HEAD_EXTRA}
+    base = getattr(model, ctx.entry.head.base_model)
+    if default_positions_call(base_args, base_kwargs) and takes_default_positions(base):
+        base_kwargs[DEFAULT_POSITIONS] = True
+    return base(**base_args, **base_kwargs)
 
 
 def _output(ctx: ForwardContext, outputs: Any, named: dict, **fields: Any) -> Any:

@@ -13,6 +13,7 @@ from liger_registry.forwards import ForwardContext, bind_forward, get_forward
 from liger_registry.modules import wiring
 from liger_registry.modules.module_attr import attr_label, has_attr
 from liger_registry.registry.errors import RegistryError
+from liger_registry.registry.positions import default_positions_forward, has_own_forward
 from liger_registry.registry.rebind import calls_function, rebind
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.subclasses import overriding_modules, subclass_problem
@@ -193,6 +194,23 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     else:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
+        )
+        if spec.fuses:  # the forwards that call the base model through causal_lm's _base_call
+            _default_positions(plan, entry, model)
+
+
+def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module) -> None:
+    """The base model's forward that skips the packed-sequence check for default positions (see
+    :mod:`liger_registry.forwards.positions`), where its class's forward builds masks from positions."""
+    name = entry.head.base_model
+    base = getattr(model, name, None)
+    if not isinstance(base, nn.Module) or has_own_forward(base):
+        return
+    forward = default_positions_forward(base)
+    if forward is not None:
+        target = f"{name}.forward(masks of default positions)"
+        plan.replacements.append(
+            Planned(FORWARD, "instance", base, "forward", types.MethodType(forward, base), target)
         )
 
 

@@ -45,12 +45,19 @@ def rebind(
 ) -> Callable | None:
     """A copy of `method` in which the global `name` of `module` is `replacement`, or None when a wrapper does
     not hold the function it wraps in a closure cell (then it cannot be copied around the change)."""
+    return rebind_names(method, module, {name: replacement})
+
+
+def rebind_names(
+    method: types.FunctionType, module: types.ModuleType, replacements: dict[str, Any]
+) -> Callable | None:
+    """:func:`rebind` of several globals at once."""
     chain = _chain(method)
     inner = chain[-1]
-    # A snapshot of the module's globals with one name changed. Without `__name__`: torch.compile reads the globals
-    # of a dict that names a module from that module (where `name` is the original), and this dict by identity.
+    # A snapshot of the module's globals with the names changed. Without `__name__`: torch.compile reads the globals
+    # of a dict that names a module from that module (where a name is the original), and this dict by identity.
     global_names = {k: v for k, v in vars(module).items() if k != "__name__"}
-    global_names[name] = replacement
+    global_names.update(replacements)
     copied = _copy(
         inner, global_names if inner.__globals__ is vars(module) else inner.__globals__, inner.__closure__
     )

@@ -31,7 +31,7 @@ def test_apply_replaces_each_attribute_once_and_reports_it(llama):
         "add_rms_norm": layers,
         "rope": layers,
         "swiglu": layers,
-        "forward": 1,
+        "forward": 2,  # the causal-LM head, and the base model's masks of default positions
     }
     assert len(handle.report.patched) == sum(counts.values())
     assert "LlamaRMSNorm.forward" in str(handle.report)

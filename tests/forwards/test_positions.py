@@ -1,0 +1,138 @@
+"""Default positions: a patched model called without position_ids builds its masks without transformers'
+packed-sequence check (no host sync in eager, SDPA's is_causal under torch.compile), with the same loss."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import masking_utils
+
+import liger_registry
+from liger_registry.forwards.positions import default_positions_call, takes_default_positions
+from liger_registry.testing import loss_and_grads, tiny_model
+
+
+def _batch(model, seq: int = 16) -> dict[str, torch.Tensor]:
+    ids = torch.randint(
+        0, model.config.get_text_config().vocab_size, (2, seq), generator=torch.Generator().manual_seed(0)
+    )
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+@pytest.fixture
+def packed_checks(monkeypatch):
+    """How many times transformers looked for packed sequences in the positions."""
+    calls = []
+    original = masking_utils.find_packed_sequence_indices
+
+    def spy(position_ids):
+        calls.append(position_ids)
+        return original(position_ids)
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", spy)
+    return calls
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_moe", "gemma2"])
+def test_default_positions_skip_the_packed_check_with_the_same_loss_and_gradients(model_type, packed_checks):
+    # gemma2: a sliding window shorter than the rows, so the sliding-window masks are built and used
+    reference = tiny_model(model_type, use_cache=False, sliding_window=4)
+    model = tiny_model(model_type, use_cache=False, sliding_window=4)
+    batch = _batch(model)
+    want_loss, want_grads = loss_and_grads(reference, reference, batch)
+    assert packed_checks, "the unpatched model looks for packed sequences (else this test proves nothing)"
+    packed_checks.clear()
+    with liger_registry.patched(model):
+        loss, grads = loss_and_grads(model, model, batch)
+    assert not packed_checks
+    torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packed_positions_keep_transformers_packed_masks(packed_checks):
+    reference, model = tiny_model("llama", use_cache=False), tiny_model("llama", use_cache=False)
+    batch = _batch(model)
+    # two sequences packed in each row: attention must not cross from the first into the second
+    packed = {**batch, "position_ids": torch.cat([torch.arange(6), torch.arange(10)]).expand(2, -1)}
+    want = reference(**packed).loss
+    with liger_registry.patched(model):
+        got = model(**packed).loss
+        default = model(**batch).loss
+    assert len(packed_checks) == 2  # the reference's and the patched model's packed call
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(got, default)  # the packed mask changed the loss: it was applied
+
+
+def _sdpa_masks(model, batch) -> list[bool]:
+    """Whether each SDPA call of the compiled forward gets an explicit mask."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=capture)(**batch)
+    return [
+        node.kwargs.get("attn_mask") is not None or len(node.args) > 3
+        for gm in graphs
+        for node in gm.graph.nodes
+        if "scaled_dot_product_attention" in str(node.target)
+    ]
+
+
+def _unpacked_mask_is_skipped_under_compile(model, batch) -> bool:
+    """Whether the installed transformers leaves SDPA to is_causal, under torch.compile, for rows without packing
+    (5.17 builds the mask whenever it traces; later releases skip it unless exporting)."""
+    embeds = model.get_input_embeddings()(batch["input_ids"])
+
+    def create(embeds):
+        mask = masking_utils.create_causal_mask(
+            config=model.config,
+            inputs_embeds=embeds,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=None,
+        )
+        return embeds if mask is None else embeds + 1
+
+    torch._dynamo.reset()
+    return torch.equal(torch.compile(create, backend="eager")(embeds), embeds)
+
+
+def test_compiled_default_positions_run_sdpa_without_a_materialised_mask():
+    reference = tiny_model("llama", use_cache=False, attn_implementation="sdpa")
+    model = tiny_model("llama", use_cache=False, attn_implementation="sdpa")
+    batch = _batch(model)
+    unpatched = _sdpa_masks(reference, batch)
+    with liger_registry.patched(model):
+        patched = _sdpa_masks(model, batch)
+    assert unpatched and all(unpatched)  # the packed-sequence check keeps a mask in every layer
+    skipped = _unpacked_mask_is_skipped_under_compile(model, batch)
+    assert patched == [not skipped] * len(unpatched)
+
+
+def test_only_text_calls_without_positions_take_the_default_positions():
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    assert default_positions_call({"input_ids": ids, "attention_mask": None}, {"use_cache": False})
+    assert not default_positions_call({"input_ids": ids, "position_ids": ids}, {})
+    assert not default_positions_call({"input_ids": ids}, {"position_ids": ids})
+    assert not default_positions_call({"input_ids": ids, "pixel_values": torch.zeros(1)}, {})
+    assert not default_positions_call({"input_ids": ids}, {"token_type_ids": ids})
+
+
+def test_reverted_and_copied_models_run_the_original_forward():
+    model = tiny_model("llama", use_cache=False)
+    batch = _batch(model)
+    handle = liger_registry.apply(model)
+    assert takes_default_positions(model.model)
+    copied = copy.deepcopy(model)
+    assert not takes_default_positions(copied.model)  # the copy's switch belongs to the original
+    torch.testing.assert_close(copied(**batch).loss, model(**batch).loss)
+    handle.revert()
+    assert not takes_default_positions(model.model)
+    assert "forward" not in vars(model.model)
+    model(**batch)
