@@ -7,6 +7,7 @@ import sys
 import types
 from typing import Any
 
+import torch
 from torch import nn
 
 from liger_registry.forwards.positions import DEFAULT_POSITIONS
@@ -15,26 +16,57 @@ from liger_registry.registry.rebind import _chain, rebind_names
 MASKING_MODULE = "transformers.masking_utils"
 
 
-def _position_index(function: Any) -> int | None:
-    """Where ``position_ids`` sits among the mask function's positional parameters (None: it takes none)."""
+# The mask functions whose mask, for rows without padding, cache or extra mask functions, is plain causal (or a
+# sliding window no shorter than the rows): SDPA's is_causal where transformers skips it
+CAUSAL_MASKS = {"create_causal_mask": None, "create_sliding_window_causal_mask": "sliding_window"}
+# Arguments that change that mask when given: a mask built from them is always materialised
+MASK_MODIFIERS = (
+    "attention_mask",
+    "past_key_values",
+    "cache",
+    "or_mask_function",
+    "and_mask_function",
+    "block_sequence_ids",
+    "encoder_hidden_states",
+)
+
+
+def _parameters(function: Any) -> tuple[str, ...] | None:
+    """The mask function's parameter names, when it takes positions (None: it takes none, or is not inspectable)."""
     try:
-        names = list(inspect.signature(function).parameters)
+        names = tuple(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return None
-    return names.index("position_ids") if "position_ids" in names else None
+    return names if "position_ids" in names else None
 
 
-def without_packed_check(create_mask: Any, index: int) -> Any:
-    """``create_mask`` called with ``position_ids=None``: the mask of rows that each hold one sequence."""
+def _skipped_as_in_eager(name: str, call: dict) -> bool:
+    """Whether transformers leaves this mask to SDPA's is_causal in eager mode, where it decides it under
+    torch.compile too. Releases up to 5.17 build it whenever dynamo traces (their export rule), and every release
+    keeps it when the rows might be packed; the rows here are not, so the compiled model gets eager's masks."""
+    config = call.get("config")
+    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return False
+    if any(call.get(k) is not None for k in MASK_MODIFIERS) or call.get("allow_is_causal_skip") is False:
+        return False
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not getattr(config, "is_causal", True):
+        return False
+    window = CAUSAL_MASKS[name] and getattr(config, CAUSAL_MASKS[name], None)
+    return window is None or call["inputs_embeds"].shape[1] < window
+
+
+def without_packed_check(create_mask: Any, parameters: tuple[str, ...]) -> Any:
+    """``create_mask`` called with ``position_ids=None``: the mask of rows that each hold one sequence (None under
+    torch.compile where eager mode has none, for the plain causal masks)."""
+    name = getattr(create_mask, "__name__", "create_mask")
 
     def create(*args, **kwargs):
-        if len(args) > index:
-            args = (*args[:index], None, *args[index + 1 :])
-        else:
-            kwargs["position_ids"] = None
-        return create_mask(*args, **kwargs)
+        call = {**dict(zip(parameters, args, strict=False)), **kwargs, "position_ids": None}
+        if name in CAUSAL_MASKS and _skipped_as_in_eager(name, call):
+            return None
+        return create_mask(**call)
 
-    create.__name__ = create.__qualname__ = getattr(create_mask, "__name__", "create_mask")
+    create.__name__ = create.__qualname__ = name
     create.__wrapped__ = create_mask
     return create
 
@@ -52,9 +84,9 @@ def mask_functions(method: Any) -> tuple[types.ModuleType, dict[str, Any]] | Non
     for name in inner.__code__.co_names:
         value = vars(module).get(name)
         if getattr(value, "__module__", None) == MASKING_MODULE and callable(value):
-            index = _position_index(value)
-            if index is not None:
-                found[name] = without_packed_check(value, index)
+            parameters = _parameters(value)
+            if parameters is not None:
+                found[name] = without_packed_check(value, parameters)
     return (module, found) if found else None
 
 

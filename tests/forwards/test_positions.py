@@ -84,35 +84,32 @@ def _sdpa_masks(model, batch) -> list[bool]:
     ]
 
 
-def _unpacked_mask_is_skipped_under_compile(model, batch) -> bool:
-    """Whether the installed transformers leaves SDPA to is_causal, under torch.compile, for rows without packing
-    (5.17 builds the mask whenever it traces; later releases skip it unless exporting)."""
-    embeds = model.get_input_embeddings()(batch["input_ids"])
-
-    def create(embeds):
-        mask = masking_utils.create_causal_mask(
-            config=model.config,
-            inputs_embeds=embeds,
-            attention_mask=None,
-            past_key_values=None,
-            position_ids=None,
-        )
-        return embeds if mask is None else embeds + 1
-
-    torch._dynamo.reset()
-    return torch.equal(torch.compile(create, backend="eager")(embeds), embeds)
-
-
-def test_compiled_default_positions_run_sdpa_without_a_materialised_mask():
-    reference = tiny_model("llama", use_cache=False, attn_implementation="sdpa")
-    model = tiny_model("llama", use_cache=False, attn_implementation="sdpa")
+def test_compiled_default_positions_run_sdpa_causal_as_eager_does():
+    reference = tiny_model("llama", use_cache=False, _attn_implementation="sdpa")
+    model = tiny_model("llama", use_cache=False, _attn_implementation="sdpa")
     batch = _batch(model)
     unpatched = _sdpa_masks(reference, batch)
     with liger_registry.patched(model):
         patched = _sdpa_masks(model, batch)
     assert unpatched and all(unpatched)  # the packed-sequence check keeps a mask in every layer
-    skipped = _unpacked_mask_is_skipped_under_compile(model, batch)
-    assert patched == [not skipped] * len(unpatched)
+    assert patched == [False] * len(unpatched)  # eager's masks: none, SDPA's is_causal
+
+
+def test_compiled_default_positions_keep_the_masks_eager_mode_keeps():
+    """A sliding window shorter than the rows, eager attention, a padding mask: the mask stays, as in eager."""
+    for overrides, batch_extra in (
+        ({"_attn_implementation": "sdpa", "sliding_window": 4}, {}),
+        ({"_attn_implementation": "eager"}, {}),
+        ({"_attn_implementation": "sdpa"}, {"attention_mask": torch.ones(2, 16, dtype=torch.long)}),
+    ):
+        model = tiny_model("mistral", use_cache=False, **overrides)
+        batch = {**_batch(model), **batch_extra}
+        reference = copy.deepcopy(model)
+        with liger_registry.patched(model):
+            masks = _sdpa_masks(model, batch)
+            got = model(**batch).loss
+        assert all(masks), overrides
+        torch.testing.assert_close(got, reference(**batch).loss, rtol=1e-5, atol=1e-6)
 
 
 def test_only_text_calls_without_positions_take_the_default_positions():
