@@ -22,7 +22,6 @@ from liger_registry.forwards.logits_loss import changes_the_loss, cross_entropy_
 from liger_registry.forwards.positions import (
     DEFAULT_POSITIONS,
     default_positions_call,
-    takes_default_positions,
 )
 from liger_registry.forwards.registry import register_forward
 from liger_registry.forwards.skip_logits import resolve_skip_logits
@@ -159,7 +158,8 @@ def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any
     base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
     base_kwargs = {k: v for k, v in extra.items() if k not in HEAD_EXTRA}
     base = getattr(model, ctx.entry.head.base_model)
-    if default_positions_call(base_args, base_kwargs) and takes_default_positions(base):
+    # identity, not the forward's markers: dynamo (torch 2.11) does not see an instance's installed forward
+    if default_positions_call(base_args, base_kwargs) and ctx.positions_base() is base:
         base_kwargs[DEFAULT_POSITIONS] = True
     return base(**base_args, **base_kwargs)
 

@@ -14,8 +14,6 @@ positions and only text; every other call (packed positions, a multimodal input)
 
 from __future__ import annotations
 
-from typing import Any
-
 DEFAULT_POSITIONS = "liger_registry_default_positions"
 # What a text-only call may pass on to the base model besides its positions (anything else, e.g. pixel_values or
 # token_type_ids, may build its positions or masks another way: that call runs the original forward)
@@ -36,19 +34,6 @@ TEXT_INPUTS = frozenset(
         "ignore_index",
     }
 )
-
-
-def takes_default_positions(base: Any) -> bool:
-    """Whether ``base``'s forward now is a live ``default_positions_forward`` (:mod:`liger_registry.registry.positions`) (a reverted patch, a deep copy
-    or a replaced module runs another forward, which must not get the keyword)."""
-    function = getattr(getattr(base, "forward", None), "__func__", None)
-    state = getattr(function, "__liger_switch__", None)
-    return (
-        state is not None
-        and state.live
-        and state.owner is base
-        and getattr(function, "__liger_default_positions__", False)
-    )
 
 
 def default_positions_call(named: dict, extra: dict) -> bool:

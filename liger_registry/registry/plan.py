@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,23 +196,26 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
         )
-        if spec.fuses:  # the forwards that call the base model through causal_lm's _base_call
-            _default_positions(plan, entry, model)
+        if spec.fuses and (base := _default_positions(plan, entry, model)) is not None:
+            ctx.positions_base = weakref.ref(base)  # the forwards that call it through causal_lm's _base_call
 
 
-def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module) -> None:
+def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module) -> nn.Module | None:
     """The base model's forward that skips the packed-sequence check for default positions (see
-    :mod:`liger_registry.forwards.positions`), where its class's forward builds masks from positions."""
+    :mod:`liger_registry.forwards.positions`), where its class's forward builds masks from positions: the base
+    model it is planned for, or None."""
     name = entry.head.base_model
     base = getattr(model, name, None)
     if not isinstance(base, nn.Module) or has_own_forward(base):
-        return
+        return None
     forward = default_positions_forward(base)
-    if forward is not None:
-        target = f"{name}.forward(masks of default positions)"
-        plan.replacements.append(
-            Planned(FORWARD, "instance", base, "forward", types.MethodType(forward, base), target)
-        )
+    if forward is None:
+        return None
+    target = f"{name}.forward(masks of default positions)"
+    plan.replacements.append(
+        Planned(FORWARD, "instance", base, "forward", types.MethodType(forward, base), target)
+    )
+    return base
 
 
 def _keep_trl_head(plan: Plan, entry: FamilyEntry, head: str) -> None:

@@ -45,7 +45,9 @@ def _skipped_as_in_eager(name: str, call: dict) -> bool:
     torch.compile too. Releases up to 5.17 build it whenever dynamo traces (their export rule), and every release
     keeps it when the rows might be packed; the rows here are not, so the compiled model gets eager's masks."""
     config = call.get("config")
-    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+    # no export check: without a cache the rows attend causally to themselves in every call an exported program
+    # can take, and torch < 2.14's dynamo folds torch.compiler.is_exporting() to True while compiling
+    if not torch.compiler.is_compiling():
         return False
     if any(call.get(k) is not None for k in MASK_MODIFIERS) or call.get("allow_is_causal_skip") is False:
         return False

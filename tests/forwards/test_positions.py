@@ -10,7 +10,7 @@ import torch
 from transformers import masking_utils
 
 import liger_registry
-from liger_registry.forwards.positions import default_positions_call, takes_default_positions
+from liger_registry.forwards.positions import default_positions_call
 from liger_registry.testing import loss_and_grads, tiny_model
 
 
@@ -121,15 +121,16 @@ def test_only_text_calls_without_positions_take_the_default_positions():
     assert not default_positions_call({"input_ids": ids}, {"token_type_ids": ids})
 
 
-def test_reverted_and_copied_models_run_the_original_forward():
+def test_reverted_and_copied_models_run_the_original_forward(packed_checks):
     model = tiny_model("llama", use_cache=False)
     batch = _batch(model)
     handle = liger_registry.apply(model)
-    assert takes_default_positions(model.model)
-    copied = copy.deepcopy(model)
-    assert not takes_default_positions(copied.model)  # the copy's switch belongs to the original
-    torch.testing.assert_close(copied(**batch).loss, model(**batch).loss)
+    model(**batch)
+    assert not packed_checks
+    copied = copy.deepcopy(model)  # its switches belong to the original: it runs transformers' forwards
+    torch.testing.assert_close(copied(**batch).loss, model(**batch).loss, rtol=1e-5, atol=1e-6)
+    assert len(packed_checks) == 1
     handle.revert()
-    assert not takes_default_positions(model.model)
     assert "forward" not in vars(model.model)
     model(**batch)
+    assert len(packed_checks) == 2
