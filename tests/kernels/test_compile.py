@@ -155,3 +155,39 @@ def test_kernels_avoid_calls_dynamo_of_torch_2_11_breaks_on():
             ):
                 found.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not found, found
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_compiled_flce_backward_scales_out_of_place(backend, monkeypatch):
+    """Under compile the backward scales the saved gradients out of place (no functionalised copy of dW before an
+    in-place scale), with the in-place kernel's rounding: bf16 gradients equal eager's for a grad_output != 1."""
+    monkeypatch.setenv(K.ENV_VAR, backend)
+    if backend == "triton":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x, _, _, _, _, head, target = _inputs()
+    x, head = (t.detach().to(torch.float16).requires_grad_() for t in (x, head))
+    graphs = []
+
+    def capture(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def keep(g, _):
+            graphs.append(g)
+            return g.forward
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    def f(x, head):
+        return K.fused_linear_cross_entropy(x, head, target) * 0.37
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=capture, fullgraph=True)(x, head)
+    got = torch.autograd.grad(out, [x, head])
+    want = torch.autograd.grad(f(x, head), [x, head])
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == torch.float16
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    backward = graphs[-1].code
+    assert "mul" in backward
+    for copy_or_mutation in ("flce_scale_grads", "aten.copy", "clone", "as_strided"):
+        assert copy_or_mutation not in backward, backward

@@ -187,7 +187,10 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         need_dh, need_dw, need_db = ctx.need
         if ctx.grads_now:
             dh, dw, db = _saved_gradients(ctx)
-            FLCE_SCALE_GRADS(dh, dw, db, grad_loss)
+            if torch.compiler.is_compiling():
+                dh, dw, db = (_scaled(t, grad_loss) for t in (dh, dw, db))
+            else:
+                FLCE_SCALE_GRADS(dh, dw, db, grad_loss)
         else:
             hidden, weight, target, bias, class_weights = ctx.saved_tensors
             run = replace(ctx.run, argmax_mode=0)
@@ -210,6 +213,15 @@ SECOND_BACKWARD = (
     "(retain_graph=True twice, autograd.grad twice, gradient penalties) cannot be served. Use reduction='none' "
     "(recomputes in the backward), or patch with fused_linear_cross_entropy=False (logits and the model's loss)."
 )
+
+
+def _scaled(t: Tensor, grad_output: Tensor) -> Tensor:
+    """``t * grad_output`` out of place, rounded as the in-place kernel rounds: the traced backward's form, where
+    functionalisation would turn the in-place scale of a saved tensor into a copy of it plus the scale (two passes
+    over dW, one here)."""
+    if not t.numel():
+        return t
+    return (t.float() * grad_output.to(device=t.device, dtype=torch.float32)).to(t.dtype)
 
 
 def _saved_gradients(ctx):
