@@ -149,6 +149,8 @@ NOISE_SEED = 99  # draw r of hf_noise: seed NOISE_SEED + r
 # HF on the same bf16 initial weights upcast to fp32, trained in fp32 (TF32 off), once per row: which curve is
 # nearer the exact one where a method leaves HF's noise band (opt in: --methods ...,hf_fp32)
 FP32_REF = "hf_fp32"
+# opt-in methods: not in the default list (the fp32 reference; ours with the throughput policy's 512 MiB head buffer)
+OPT_IN = (FP32_REF, "ours_tp")
 PROBE = "probe"
 NOISE_SCALE = (
     2.0**-9
@@ -184,7 +186,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--methods",
         default=None,
-        help="comma list of " + ", ".join((*METHODS, FP32_REF)) + f" (default: all but {FP32_REF})",
+        help="comma list of " + ", ".join((*METHODS, *OPT_IN)) + f" (default: all but {', '.join(OPT_IN)})",
     )
     p.add_argument("--no-noise", dest="noise", action="store_false", help="no hf_noise run per row")
     p.add_argument(
@@ -272,10 +274,10 @@ def jobs_of(args: argparse.Namespace) -> list[dict]:
     """Every process to run, in order: per repeat, per row, its methods in a rotated order; hf_noise in repeats
     0 .. noise_draws - 1 (draw r perturbs with seed NOISE_SEED + r)."""
     methods = args.methods.split(",")
-    unknown = set(methods) - set(METHODS) - {NOISE, FP32_REF}
+    unknown = set(methods) - set(METHODS) - {NOISE, *OPT_IN}
     if unknown:
         raise SystemExit(
-            f"bench_step: unknown methods {sorted(unknown)} (known: {', '.join((*METHODS, FP32_REF))})"
+            f"bench_step: unknown methods {sorted(unknown)} (known: {', '.join((*METHODS, *OPT_IN))})"
         )
     layers, attn = pairs(args.layers), pairs(args.attn)
     jobs = []
@@ -663,6 +665,7 @@ def judge(row: dict) -> None:
         "ours/hf": ratio("ours", "hf"),
         "ours/liger": ratio("ours", "liger"),
         "oc/hc": ratio("ours_compile", "hf_compile"),
+        "tp/liger": ratio("ours_tp", "liger"),
     }
     row["targets"] = {}
     if row["model"] not in DENSE:  # issue 25's targets are the dense rows'; MoE rows are reported
@@ -745,6 +748,8 @@ def table_lines(rows: list[dict], methods: list[str], markdown: bool = False) ->
                 r = row["ratios"]
                 line += f" |{ffmt(r['ours/hf'], '8.3f'):>8}{ffmt(r['ours/liger'], '8.3f'):>8}{ffmt(r['oc/hc'], '7.3f'):>7} | "
                 line += verdicts(row["targets"]) if row["targets"] else "(MoE: reported, no target)"
+                if "ours_tp" in methods:
+                    line += f" | ours_tp/liger {ffmt(r.get('tp/liger'), '.3f')}"
             lines.append(line)
         lines.append("")
     return lines

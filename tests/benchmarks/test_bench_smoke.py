@@ -330,3 +330,26 @@ def test_flce_ours_against_every_peer_at_or_below_its_peak() -> None:
     assert flce.peer_bound(ours, peers) == pytest.approx(10 / 12)  # the faster peer needs more memory
     assert flce.peer_bound(ours, peers[:1]) == 0.0  # no peer as lean: nothing to beat
     assert flce.peer_bound(ours, []) is None
+
+
+def test_step_ours_tp_is_opt_in_and_reported_against_liger() -> None:
+    """ours_tp (the throughput policy) runs only when asked, and its ratio to liger is in the table."""
+    step = _load("bench_step.py")
+    default = step.parse(["--models", "llama3_2_1b", "--shapes", "2x4096"])
+    assert "ours_tp" not in {j["method"] for j in step.jobs_of(default)}
+    args = step.parse(["--models", "llama3_2_1b", "--shapes", "2x4096", "--methods", "liger,ours,ours_tp"])
+    assert {j["method"] for j in step.jobs_of(args)} == {"liger", "ours", "ours_tp"}
+    row = {
+        "model": "llama3_2_1b",
+        "shape": "2x4096",
+        "layers": 16,
+        "methods": {
+            m: {"tps": tps, "peak": 17.0}
+            for m, tps in (("liger", 100.0), ("ours", 110.0), ("ours_tp", 116.0))
+        },
+    }
+    step.judge(row)
+    assert row["ratios"]["tp/liger"] == pytest.approx(1.16)
+    assert any(
+        "ours_tp/liger 1.160" in line for line in step.table_lines([row], ["liger", "ours", "ours_tp"])
+    )
