@@ -32,8 +32,8 @@ class ForwardContext:
     output_class: type = field(init=False)
     flce_options: FlceOptions | None = field(init=False)
     router_logits_from_config: bool = field(init=False)
-    # () -> the base model whose forward takes DEFAULT_POSITIONS (forwards.positions), None where none was installed
-    positions_base: Callable[[], Any] = field(init=False, default=lambda: None)
+    # a weak reference to the base model whose forward takes DEFAULT_POSITIONS (forwards.positions); None: none
+    positions_base: Any = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)

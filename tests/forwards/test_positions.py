@@ -134,3 +134,16 @@ def test_reverted_and_copied_models_run_the_original_forward(packed_checks):
     assert "forward" not in vars(model.model)
     model(**batch)
     assert len(packed_checks) == 2
+
+
+def test_class_wide_patches_and_bases_without_masks_run_the_original(packed_checks):
+    """By model type (no instance to install a base forward on), and a family whose base forward was left alone:
+    calls without positions run transformers' base forward, with its packed-sequence check."""
+    reference = tiny_model("llama", use_cache=False)
+    batch = _batch(reference)
+    want = reference(**batch).loss
+    packed_checks.clear()
+    with liger_registry.patched("llama"):
+        model = tiny_model("llama", use_cache=False)
+        torch.testing.assert_close(model(**batch).loss, want, rtol=1e-5, atol=1e-6)
+    assert len(packed_checks) == 1
