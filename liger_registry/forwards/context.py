@@ -34,6 +34,8 @@ class ForwardContext:
     router_logits_from_config: bool = field(init=False)
     # a weak reference to the base model whose forward takes DEFAULT_POSITIONS (forwards.positions); None: none
     positions_base: Any = field(init=False, default=None)
+    # a patch by model type: the base model class whose forward takes DEFAULT_POSITIONS; None: none
+    positions_class: type | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)

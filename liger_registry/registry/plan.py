@@ -192,6 +192,8 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     bound = bind_forward(spec.fn, ctx)
     if model is None:
         plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))
+        if spec.fuses:  # the forwards that call the base model through causal_lm's _base_call
+            ctx.positions_class = _default_positions_class(plan, entry)
     else:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
@@ -208,7 +210,7 @@ def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module) -> nn.M
     base = getattr(model, name, None)
     if not isinstance(base, nn.Module) or has_own_forward(base):
         return None
-    forward = default_positions_forward(base)
+    forward = default_positions_forward(type(base))
     if forward is None:
         return None
     target = f"{name}.forward(masks of default positions)"
@@ -216,6 +218,24 @@ def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module) -> nn.M
         Planned(FORWARD, "instance", base, "forward", types.MethodType(forward, base), target)
     )
     return base
+
+
+def _default_positions_class(plan: Plan, entry: FamilyEntry) -> type | None:
+    """:func:`_default_positions` for a patch by model type: the base model class transformers names after the
+    head (``LlamaForCausalLM``: ``LlamaModel``), class-wide. A head whose base model is another class never passes
+    it the keyword (the causal-LM forward checks the base model's class exactly)."""
+    module = import_module(entry.module, entry.family)
+    base_cls = getattr(module, entry.causal_lm.replace("ForCausalLM", "Model"), None)
+    if not (isinstance(base_cls, type) and issubclass(base_cls, nn.Module)) or base_cls is resolve_class(
+        entry, entry.causal_lm
+    ):
+        return None
+    forward = default_positions_forward(base_cls)
+    if forward is None:
+        return None
+    target = f"{base_cls.__qualname__}.forward(masks of default positions)"
+    plan.replacements.append(Planned(FORWARD, "class", base_cls, "forward", forward, target))
+    return base_cls
 
 
 def _keep_trl_head(plan: Plan, entry: FamilyEntry, head: str) -> None:

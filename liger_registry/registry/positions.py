@@ -92,11 +92,11 @@ def mask_functions(method: Any) -> tuple[types.ModuleType, dict[str, Any]] | Non
     return (module, found) if found else None
 
 
-def default_positions_forward(base: nn.Module) -> Any | None:
-    """A forward for ``base`` (used as a method) that runs the copy without the packed-sequence check when called
-    with ``DEFAULT_POSITIONS=True`` and its class's forward otherwise; None when that forward builds no mask with
-    positions or cannot be copied."""
-    method = vars(type(base)).get("forward") or getattr(type(base), "forward", None)
+def default_positions_forward(cls: type) -> Any | None:
+    """A forward for instances of ``cls`` (used as a method) that runs a copy of the class's forward without the
+    packed-sequence check when called with ``DEFAULT_POSITIONS=True``, and the class's forward otherwise; None
+    when that forward builds no mask with positions or cannot be copied."""
+    method = vars(cls).get("forward") or getattr(cls, "forward", None)
     if not isinstance(method, types.FunctionType) or (found := mask_functions(method)) is None:
         return None
     unpacked = rebind_names(method, *found)

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from transformers import masking_utils
+from transformers.models.llama.modeling_llama import LlamaModel
 
 import liger_registry
 from liger_registry.forwards.positions import default_positions_call
@@ -136,14 +137,23 @@ def test_reverted_and_copied_models_run_the_original_forward(packed_checks):
     assert len(packed_checks) == 2
 
 
-def test_class_wide_patches_and_bases_without_masks_run_the_original(packed_checks):
-    """By model type (no instance to install a base forward on), and a family whose base forward was left alone:
-    calls without positions run transformers' base forward, with its packed-sequence check."""
+def test_class_wide_patches_take_the_default_positions_too(packed_checks):
+    """By model type (liger-kernel's apply_liger_kernel_to_llama() before loading): the base model class gets the
+    forward class-wide; the same loss, no packed-sequence check, and reverted with the rest."""
+    original = vars(LlamaModel)["forward"]
     reference = tiny_model("llama", use_cache=False)
     batch = _batch(reference)
     want = reference(**batch).loss
     packed_checks.clear()
-    with liger_registry.patched("llama"):
+    with liger_registry.patched("llama") as handle:
+        assert any(
+            "LlamaModel.forward(masks of default positions)" in r.target for r in handle.report.patched
+        )
         model = tiny_model("llama", use_cache=False)
         torch.testing.assert_close(model(**batch).loss, want, rtol=1e-5, atol=1e-6)
-    assert len(packed_checks) == 1
+        assert not packed_checks
+        model.model(input_ids=batch["input_ids"])  # the base model alone: transformers' forward
+        assert len(packed_checks) == 1
+    assert vars(LlamaModel)["forward"] is original
+    torch.testing.assert_close(model(**batch).loss, want, rtol=1e-5, atol=1e-6)
+    assert len(packed_checks) == 2
