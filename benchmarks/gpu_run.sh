@@ -27,6 +27,7 @@
 #   compile        benchmarks/compile_families.py (every family's tiny model, inductor vs eager; one run, 8 worker processes)
 #   probe-chunk    benchmarks/probe_token_chunk.py (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks/probe_row_stats.py (the row kernels' statistics pass: lanes or blocks, block caps)
+#   positions      benchmarks/probe_positions.py (a patched model called without positions: compiled SDPA unmasked)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
 #   profile-step   the same on a bench_step row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096; STEP_METHOD,
 #                  default ours, then STEP_PEER, default liger: e.g. hf for a MoE row, hf_compile after ours_compile): issue 25's profile
@@ -110,6 +111,7 @@ olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or gran
                     --step-model ${STEP_MODEL:-llama3_2_1b} --shape ${STEP_SHAPE:-2x4096} && python3 \
                     benchmarks/probe_e2e_step.py --method ${STEP_PEER:-liger} --step-model ${STEP_MODEL:-llama3_2_1b} \
                     --shape ${STEP_SHAPE:-2x4096}" ;;
+    positions) part positions "${T_POSITIONS:-90}" 10 python3 benchmarks/probe_positions.py ;;
     probe-step) part probe-step "${T_PROBE:-180}" 80 bash -c \
                   "python3 benchmarks/probe_e2e_step.py --method ours && python3 benchmarks/probe_e2e_step.py --method liger" ;;
     *) echo "gpu_run: unknown part $p" | tee -a "$LOG" ;;
