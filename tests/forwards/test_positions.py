@@ -157,3 +157,35 @@ def test_class_wide_patches_take_the_default_positions_too(packed_checks):
     assert vars(LlamaModel)["forward"] is original
     torch.testing.assert_close(model(**batch).loss, want, rtol=1e-5, atol=1e-6)
     assert len(packed_checks) == 2
+
+
+def _families_with_a_head() -> list[str]:
+    from liger_registry.registry.loader import load_registry
+
+    return sorted(name for name, f in load_registry().families.items() if f.entry.head is not None)
+
+
+@pytest.mark.parametrize("family", _families_with_a_head())
+def test_every_family_called_without_positions_matches_its_padding_mask_call(family):
+    """Every family's training call without positions, mask or cache (the default-positions path) against the
+    same patched model given an all-ones padding mask (transformers' own forward and masks): one step's loss and
+    gradients, fp32. The parity suite's calls pass the padding mask, so they do not take this path."""
+    import transformers
+
+    from liger_registry.registry.loader import load_registry
+    from liger_registry.registry.targets import version_problem
+    from liger_registry.testing import rel_diff
+
+    entry = load_registry().families[family].entry
+    if why := entry.broken_on(transformers.__version__) or version_problem(entry):
+        pytest.skip(why)
+    model = tiny_model(entry.model_types[0], use_cache=False)
+    batch = _batch(model)
+    with liger_registry.patched(model):
+        want_loss, want_grads = loss_and_grads(
+            model, model, {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+        )
+        loss, grads = loss_and_grads(model, model, batch)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6)
+    worst = max(rel_diff(grads[n], g, floor=1e-6) for n, g in want_grads.items())
+    assert worst <= 1e-5, worst
