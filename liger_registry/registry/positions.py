@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from liger_registry.forwards.positions import DEFAULT_POSITIONS
-from liger_registry.registry.rebind import _chain, rebind_names
+from liger_registry.registry.rebind import rebind_names, wrapper_chain
 
 MASKING_MODULE = "transformers.masking_utils"
 
 
 # The mask functions whose mask, for rows without padding, cache or extra mask functions, is plain causal (or a
-# sliding window no shorter than the rows): SDPA's is_causal where transformers skips it
+# sliding window longer than the rows): SDPA's is_causal where eager transformers skips it
 CAUSAL_MASKS = {"create_causal_mask": None, "create_sliding_window_causal_mask": "sliding_window"}
 # Arguments that change that mask when given: a mask built from them is always materialised
 MASK_MODIFIERS = (
@@ -78,7 +78,7 @@ def mask_functions(method: Any) -> tuple[types.ModuleType, dict[str, Any]] | Non
     functions it calls that take positions; None when it calls none."""
     if not isinstance(method, types.FunctionType):
         return None
-    inner = _chain(method)[-1]
+    inner = wrapper_chain(method)[-1]
     module = sys.modules.get(inner.__module__)
     if module is None or inner.__globals__ is not vars(module):
         return None
@@ -110,7 +110,6 @@ def default_positions_forward(cls: type) -> Any | None:
 
     forward.__name__ = forward.__qualname__ = "default_positions_forward"
     forward.__signature__ = inspect.signature(method)
-    forward.__liger_default_positions__ = True
     return forward
 
 

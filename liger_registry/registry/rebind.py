@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _chain(function: Callable) -> list[Callable]:
+def wrapper_chain(function: Callable) -> list[Callable]:
     """The function and the ones it wraps (functools.wraps' `__wrapped__`), outermost first."""
     chain = [function]
     while isinstance(getattr(chain[-1], "__wrapped__", None), types.FunctionType):
@@ -37,7 +37,7 @@ def calls_function(method: Any, module: types.ModuleType, name: str) -> bool:
     """Whether `method` (or a function it wraps) is defined in `module` and reads the global `name`."""
     if not isinstance(method, types.FunctionType):
         return False
-    return any(f.__globals__ is vars(module) and name in f.__code__.co_names for f in _chain(method))
+    return any(f.__globals__ is vars(module) and name in f.__code__.co_names for f in wrapper_chain(method))
 
 
 def rebind(
@@ -52,7 +52,7 @@ def rebind_names(
     method: types.FunctionType, module: types.ModuleType, replacements: dict[str, Any]
 ) -> Callable | None:
     """:func:`rebind` of several globals at once."""
-    chain = _chain(method)
+    chain = wrapper_chain(method)
     inner = chain[-1]
     # A snapshot of the module's globals with the names changed. Without `__name__`: torch.compile reads the globals
     # of a dict that names a module from that module (where a name is the original), and this dict by identity.
