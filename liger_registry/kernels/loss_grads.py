@@ -75,16 +75,16 @@ def scale_unless_one_(t: torch.Tensor, grad_output: torch.Tensor) -> None:
         return
     if not t.is_cuda:
         if not torch.equal(grad_output, torch.ones_like(grad_output)):
-            t.copy_(_times(t, grad_output))
+            t.copy_(times_fp32(t, grad_output))
         return
     if not t.is_contiguous():
-        t.copy_(_times(t, grad_output))  # no sync either; only the skip is lost
+        t.copy_(times_fp32(t, grad_output))  # no sync either; only the skip is lost
         return
     g = grad_output.detach().reshape(1).to(device=t.device)
     _scale_unless_one_kernel[(_programs(t.device, t.numel()),)](t, g, t.numel(), BLOCK=BLOCK)
 
 
-def _times(t: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+def times_fp32(t: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     """``t * grad_output`` in fp32, as the kernel computes it (grad_output not rounded to t's dtype first)."""
     return t.float() * grad_output.to(device=t.device, dtype=torch.float32)
 

@@ -11,7 +11,7 @@ from typing import Any
 from liger_registry.registry.plan import Planned
 from liger_registry.registry.record import LOCK, RECORD, Shared
 from liger_registry.registry.report import PatchReport, Replacement, _name
-from liger_registry.registry.switch import MISSING, SwitchState, make_switch
+from liger_registry.registry.switch import MISSING, SwitchState, make_switch, stale_switch
 
 
 def _ref(obj: Any) -> Any:
@@ -45,12 +45,6 @@ def _ours(value: Any, switch: Any) -> bool:
     return value is switch or getattr(value, "__func__", None) is switch
 
 
-def _stale_switch(value: Any, owner: Any) -> bool:
-    """A switch bound to `owner` that another module installed (owner is a deep copy of a patched module)."""
-    state = getattr(getattr(value, "__func__", None), "__liger_switch__", None)
-    return isinstance(state, SwitchState) and state.owner is not owner
-
-
 class PatchHandle:
     """The result of apply(): its report, and revert() to restore every attribute exactly."""
 
@@ -76,7 +70,7 @@ class PatchHandle:
             return
         attribute = _innermost(owner, planned.attribute)
         previous = vars(owner).get(attribute, MISSING)
-        if _stale_switch(previous, owner):
+        if stale_switch(previous, owner):
             previous = MISSING
         state = SwitchState(owner, attribute, previous)
         function = getattr(planned.replacement, "__func__", planned.replacement)

@@ -12,6 +12,7 @@ from torch import nn
 
 from liger_registry.forwards.positions import DEFAULT_POSITIONS
 from liger_registry.registry.rebind import rebind_names, wrapper_chain
+from liger_registry.registry.switch import stale_switch
 
 MASKING_MODULE = "transformers.masking_utils"
 
@@ -114,8 +115,7 @@ def default_positions_forward(cls: type) -> Any | None:
 
 
 def has_own_forward(module: nn.Module) -> bool:
-    """Whether the instance holds a forward of its own (a switch that a deep copy carried over from the module it
-    copied is not its own: apply installs over it, as the handle does)."""
+    """Whether the instance holds a forward of its own (a switch a deep copy carried over is not: apply installs
+    over it, as the handle does)."""
     own = vars(module).get("forward")
-    state = getattr(getattr(own, "__func__", None), "__liger_switch__", None)
-    return own is not None and (state is None or state.owner is module)
+    return own is not None and not stale_switch(own, module)

@@ -53,3 +53,9 @@ def make_switch(replacement: Callable, state: SwitchState) -> Callable:
 
     switch.__liger_switch__ = state
     return switch
+
+
+def stale_switch(value: Any, owner: Any) -> bool:
+    """A switch bound to `owner` that another module installed (owner is a deep copy of a patched module)."""
+    state = getattr(getattr(value, "__func__", None), "__liger_switch__", None)
+    return isinstance(state, SwitchState) and state.owner is not owner

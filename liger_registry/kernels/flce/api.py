@@ -19,7 +19,7 @@ from ..ce.labels import start_label_check
 from ..ce.op import CrossEntropyOutput, argmax_mode_for, ce_output, predicted_tokens
 from ..ce.torch_rows import loss_scales
 from ..define import define_op
-from ..loss_grads import check_backward, no_output, scale_unless_one_
+from ..loss_grads import check_backward, no_output, scale_unless_one_, times_fp32
 from .options import FlceOptions, options_from
 from .planner import FlcePlan, plan_for
 from .run import FlceRun, takes_flat_run
@@ -221,7 +221,7 @@ def _scaled(t: Tensor, grad_output: Tensor) -> Tensor:
     over dW, one here)."""
     if not t.numel():
         return t
-    return (t.float() * grad_output.to(device=t.device, dtype=torch.float32)).to(t.dtype)
+    return times_fp32(t, grad_output).to(t.dtype)
 
 
 def _saved_gradients(ctx):
