@@ -158,10 +158,8 @@ def _base_call(model: Any, ctx: ForwardContext, named: dict, extra: dict) -> Any
     base_args = {k: v for k, v in named.items() if k not in HEAD_ONLY}
     base_kwargs = {k: v for k, v in extra.items() if k not in HEAD_EXTRA}
     base = getattr(model, ctx.entry.head.base_model)
-    # identity, not the forward's markers: dynamo (torch 2.11) does not see an instance's installed forward
-    ref, cls = ctx.positions_base, ctx.positions_class
-    takes = (ref is not None and ref() is base) or (cls is not None and type(base) is cls)
-    if takes and default_positions_call(base_args, base_kwargs):
+    takes = ctx.takes_default_positions
+    if takes is not None and takes(base) and default_positions_call(base_args, base_kwargs):
         base_kwargs[DEFAULT_POSITIONS] = True
     return base(**base_args, **base_kwargs)
 

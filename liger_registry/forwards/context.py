@@ -32,10 +32,8 @@ class ForwardContext:
     output_class: type = field(init=False)
     flce_options: FlceOptions | None = field(init=False)
     router_logits_from_config: bool = field(init=False)
-    # a weak reference to the base model whose forward takes DEFAULT_POSITIONS (forwards.positions); None: none
-    positions_base: Any = field(init=False, default=None)
-    # a patch by model type: the base model class whose forward takes DEFAULT_POSITIONS; None: none
-    positions_class: type | None = field(init=False, default=None)
+    # base model -> whether its forward takes DEFAULT_POSITIONS (forwards.positions); None: no base forward does
+    takes_default_positions: Callable[[Any], bool] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.signature = inspect.signature(self.original)

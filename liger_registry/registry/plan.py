@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,50 +193,43 @@ def _forward(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> None:
     bound = bind_forward(spec.fn, ctx)
     if model is None:
         plan.replacements.append(Planned(FORWARD, "class", cls, "forward", bound, cls.__qualname__))
-        if spec.fuses:  # the forwards that call the base model through causal_lm's _base_call
-            ctx.positions_class = _default_positions_class(plan, entry)
     else:
         plan.replacements.append(
             Planned(FORWARD, "instance", model, "forward", types.MethodType(bound, model), "(root)")
         )
-        if spec.fuses and (base := _default_positions(plan, entry, model)) is not None:
-            ctx.positions_base = weakref.ref(base)  # the forwards that call it through causal_lm's _base_call
+    if spec.fuses:  # the forwards that call the base model through causal_lm's _base_call
+        ctx.takes_default_positions = _default_positions(plan, entry, model)
 
 
-def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module) -> nn.Module | None:
+def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module | None) -> Callable | None:
     """The base model's forward that skips the packed-sequence check for default positions (see
-    :mod:`liger_registry.forwards.positions`), where its class's forward builds masks from positions: the base
-    model it is planned for, or None."""
-    name = entry.head.base_model
-    base = getattr(model, name, None)
-    if not isinstance(base, nn.Module) or has_own_forward(base):
-        return None
-    forward = default_positions_forward(type(base))
+    :mod:`liger_registry.forwards.positions`), where its class's forward builds masks from positions: on the
+    model's base model, or, patching by model type, class-wide on the base class named after the head
+    (``LlamaForCausalLM``: ``LlamaModel``). Returns base model -> whether it takes the keyword (by identity or
+    exact class: torch 2.11's dynamo does not see an instance's installed forward), or None."""
+    if model is None:
+        if "ForCausalLM" not in entry.causal_lm:
+            return None
+        module = import_module(entry.module, entry.family)
+        owner = getattr(module, entry.causal_lm.replace("ForCausalLM", "Model"), None)
+        if not (isinstance(owner, type) and issubclass(owner, nn.Module)):
+            return None
+        cls, scope, target = owner, "class", owner.__qualname__
+    else:
+        owner = getattr(model, entry.head.base_model, None)
+        if not isinstance(owner, nn.Module) or has_own_forward(owner):
+            return None
+        cls, scope, target = type(owner), "instance", entry.head.base_model
+    forward = default_positions_forward(cls)
     if forward is None:
         return None
-    target = f"{name}.forward(masks of default positions)"
-    plan.replacements.append(
-        Planned(FORWARD, "instance", base, "forward", types.MethodType(forward, base), target)
-    )
-    return base
-
-
-def _default_positions_class(plan: Plan, entry: FamilyEntry) -> type | None:
-    """:func:`_default_positions` for a patch by model type: the base model class transformers names after the
-    head (``LlamaForCausalLM``: ``LlamaModel``), class-wide. A head whose base model is another class never passes
-    it the keyword (the causal-LM forward checks the base model's class exactly)."""
-    module = import_module(entry.module, entry.family)
-    base_cls = getattr(module, entry.causal_lm.replace("ForCausalLM", "Model"), None)
-    if not (isinstance(base_cls, type) and issubclass(base_cls, nn.Module)) or base_cls is resolve_class(
-        entry, entry.causal_lm
-    ):
-        return None
-    forward = default_positions_forward(base_cls)
-    if forward is None:
-        return None
-    target = f"{base_cls.__qualname__}.forward(masks of default positions)"
-    plan.replacements.append(Planned(FORWARD, "class", base_cls, "forward", forward, target))
-    return base_cls
+    replacement = forward if scope == "class" else types.MethodType(forward, owner)
+    target = f"{target}.forward(masks of default positions)"
+    plan.replacements.append(Planned(FORWARD, scope, owner, "forward", replacement, target))
+    if scope == "class":
+        return lambda base: type(base) is cls
+    ref = weakref.ref(owner)
+    return lambda base: ref() is base
 
 
 def _keep_trl_head(plan: Plan, entry: FamilyEntry, head: str) -> None:
