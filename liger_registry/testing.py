@@ -106,6 +106,25 @@ def loss_and_grads(call, model, batch) -> tuple[torch.Tensor, dict[str, torch.Te
     }
 
 
+def compiled_sdpa_masks(model, batch: dict[str, torch.Tensor]) -> list[bool]:
+    """Whether each SDPA call of ``torch.compile(model)``'s forward on ``batch`` gets an explicit mask (dynamo's
+    graphs, captured without compiling them)."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=capture)(**batch)
+    return [
+        node.kwargs.get("attn_mask") is not None or len(node.args) > 3
+        for gm in graphs
+        for node in gm.graph.nodes
+        if "scaled_dot_product_attention" in str(node.target)
+    ]
+
+
 def rel_diff(got: torch.Tensor, want: torch.Tensor, floor: float = 0.0) -> float:
     """``||got - want|| / max(||want||, floor)`` in fp32 (the absolute norm when both are zero)."""
     diff = (got.float() - want.float()).norm().item()

@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaModel
 
 import liger_registry
 from liger_registry.forwards.positions import default_positions_call
-from liger_registry.testing import loss_and_grads, tiny_model
+from liger_registry.testing import compiled_sdpa_masks, loss_and_grads, tiny_model
 
 
 def _batch(model, seq: int = 16) -> dict[str, torch.Tensor]:
@@ -67,31 +67,13 @@ def test_packed_positions_keep_transformers_packed_masks(packed_checks):
     assert not torch.allclose(got, default)  # the packed mask changed the loss: it was applied
 
 
-def _sdpa_masks(model, batch) -> list[bool]:
-    """Whether each SDPA call of the compiled forward gets an explicit mask."""
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=capture)(**batch)
-    return [
-        node.kwargs.get("attn_mask") is not None or len(node.args) > 3
-        for gm in graphs
-        for node in gm.graph.nodes
-        if "scaled_dot_product_attention" in str(node.target)
-    ]
-
-
 def test_compiled_default_positions_run_sdpa_causal_as_eager_does():
     reference = tiny_model("llama", use_cache=False, _attn_implementation="sdpa")
     model = tiny_model("llama", use_cache=False, _attn_implementation="sdpa")
     batch = _batch(model)
-    unpatched = _sdpa_masks(reference, batch)
+    unpatched = compiled_sdpa_masks(reference, batch)
     with liger_registry.patched(model):
-        patched = _sdpa_masks(model, batch)
+        patched = compiled_sdpa_masks(model, batch)
     assert unpatched and all(unpatched)  # the packed-sequence check keeps a mask in every layer
     assert patched == [False] * len(unpatched)  # eager's masks: none, SDPA's is_causal
 
@@ -107,7 +89,7 @@ def test_compiled_default_positions_keep_the_masks_eager_mode_keeps():
         batch = {**_batch(model), **batch_extra}
         reference = copy.deepcopy(model)
         with liger_registry.patched(model):
-            masks = _sdpa_masks(model, batch)
+            masks = compiled_sdpa_masks(model, batch)
             got = model(**batch).loss
         assert all(masks), overrides
         torch.testing.assert_close(got, reference(**batch).loss, rtol=1e-5, atol=1e-6)
