@@ -6,10 +6,11 @@ packed sequences in them (``find_packed_sequence_indices``). In eager mode that 
 a device sync in every forward. Under torch.compile it cannot read them, so it keeps a packed-sequence mask,
 builds a [B, 1, T, T] mask and SDPA runs with it instead of ``is_causal``, in every layer, forward and backward.
 
-The patched model's base model gets a forward that runs, per call, either its original forward or a copy whose
-mask functions are called with ``position_ids=None``: exactly the masks transformers builds for unpacked rows. The
-causal-LM forward picks the copy (by the keyword :data:`DEFAULT_POSITIONS`) only when its caller passed no
-positions and only text; every other call (packed positions, a multimodal input) runs the original.
+The patched model's base model (in a multimodal model, the text model it passes its keywords to) gets a forward
+that runs, per call, either its original forward or a copy whose mask functions are called with
+``position_ids=None``: exactly the masks transformers builds for unpacked rows. The causal-LM forward picks the
+copy (by the keyword :data:`DEFAULT_POSITIONS`) only when its caller passed no positions and only text; every
+other call (packed positions, a multimodal input) runs the original.
 """
 
 from __future__ import annotations

@@ -214,22 +214,42 @@ def _default_positions(plan: Plan, entry: FamilyEntry, model: nn.Module | None) 
         owner = getattr(module, entry.causal_lm.replace("ForCausalLM", "Model"), None)
         if not (isinstance(owner, type) and issubclass(owner, nn.Module)):
             return None
-        cls, scope, target = owner, "class", owner.__qualname__
-    else:
-        owner = getattr(model, entry.head.base_model, None)
-        if not isinstance(owner, nn.Module) or has_own_forward(owner):
+        forward = default_positions_forward(owner)
+        if forward is None:
             return None
-        cls, scope, target = type(owner), "instance", entry.head.base_model
-    forward = default_positions_forward(cls)
-    if forward is None:
+        target = f"{owner.__qualname__}.forward(masks of default positions)"
+        plan.replacements.append(Planned(FORWARD, "class", owner, "forward", forward, target))
+        return lambda base: type(base) is owner
+    base = getattr(model, entry.head.base_model, None)
+    found = _mask_builder(base, entry.head.base_model) if isinstance(base, nn.Module) else None
+    if found is None:
         return None
-    replacement = forward if scope == "class" else types.MethodType(forward, owner)
-    target = f"{target}.forward(masks of default positions)"
-    plan.replacements.append(Planned(FORWARD, scope, owner, "forward", replacement, target))
-    if scope == "class":
-        return lambda base: type(base) is cls
-    ref = weakref.ref(owner)
-    return lambda base: ref() is base
+    builder, path, forward = found
+    target = f"{path}.forward(masks of default positions)"
+    plan.replacements.append(
+        Planned(FORWARD, "instance", builder, "forward", types.MethodType(forward, builder), target)
+    )
+    ref = weakref.ref(base)
+    return lambda called: ref() is called
+
+
+# Where a multimodal base model keeps its text model; each passes position_ids and its other keywords on to it
+TEXT_MODELS = ("language_model", "text_model", "model")
+
+
+def _mask_builder(module: nn.Module, path: str, depth: int = 3) -> tuple[nn.Module, str, Callable] | None:
+    """The module under the base model (itself, or its text model in a multimodal one) whose forward builds the
+    masks, its path and its default-positions forward; None when there is none or it holds a forward of its own."""
+    if has_own_forward(module):
+        return None
+    forward = default_positions_forward(type(module))
+    if forward is not None:
+        return module, path, forward
+    for name in TEXT_MODELS if depth > 1 else ():
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return _mask_builder(child, f"{path}.{name}", depth - 1)
+    return None
 
 
 def _keep_trl_head(plan: Plan, entry: FamilyEntry, head: str) -> None:

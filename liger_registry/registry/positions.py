@@ -74,6 +74,16 @@ def without_packed_check(create_mask: Any, parameters: tuple[str, ...]) -> Any:
     return create
 
 
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names ``code`` and the functions defined in it (lambdas, comprehensions) read: some forwards
+    build their masks inside a lambda, which reads the globals of the function that creates it."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
 def mask_functions(method: Any) -> tuple[types.ModuleType, dict[str, Any]] | None:
     """The modeling module of ``method`` and, by the global name it reads them under, the transformers mask
     functions it calls that take positions; None when it calls none."""
@@ -84,7 +94,7 @@ def mask_functions(method: Any) -> tuple[types.ModuleType, dict[str, Any]] | Non
     if module is None or inner.__globals__ is not vars(module):
         return None
     found = {}
-    for name in inner.__code__.co_names:
+    for name in _global_names(inner.__code__):
         value = vars(module).get(name)
         if getattr(value, "__module__", None) == MASKING_MODULE and callable(value):
             parameters = _parameters(value)
@@ -105,7 +115,9 @@ def default_positions_forward(cls: type) -> Any | None:
         return None
 
     def forward(self, *args, **kwargs):
-        if kwargs.pop(DEFAULT_POSITIONS, False):
+        # a multimodal base model hands its text model the positions it was given (by keyword): None here
+        # a multimodal base model hands its text model the positions it was given (by keyword): None here
+        if kwargs.pop(DEFAULT_POSITIONS, False) and kwargs.get("position_ids") is None:
             return unpacked(self, *args, **kwargs)
         return method(self, *args, **kwargs)
 

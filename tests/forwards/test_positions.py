@@ -53,8 +53,9 @@ def test_default_positions_skip_the_packed_check_with_the_same_loss_and_gradient
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_packed_positions_keep_transformers_packed_masks(packed_checks):
-    reference, model = tiny_model("llama", use_cache=False), tiny_model("llama", use_cache=False)
+@pytest.mark.parametrize("model_type", ["llama", "mistral3"])  # mistral3: the masks are its text model's
+def test_packed_positions_keep_transformers_packed_masks(model_type, packed_checks):
+    reference, model = tiny_model(model_type, use_cache=False), tiny_model(model_type, use_cache=False)
     batch = _batch(model)
     # two sequences packed in each row: attention must not cross from the first into the second
     packed = {**batch, "position_ids": torch.cat([torch.arange(6), torch.arange(10)]).expand(2, -1)}
@@ -65,6 +66,23 @@ def test_packed_positions_keep_transformers_packed_masks(packed_checks):
     assert len(packed_checks) == 2  # the reference's and the patched model's packed call
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(got, default)  # the packed mask changed the loss: it was applied
+
+
+def test_the_default_positions_forward_checks_positions_it_is_given(packed_checks):
+    from liger_registry.forwards.positions import DEFAULT_POSITIONS
+    from liger_registry.registry.positions import default_positions_forward
+
+    model = tiny_model("llama", use_cache=False)
+    ids = _batch(model)["input_ids"]
+    packed = torch.cat([torch.arange(6), torch.arange(10)]).expand(2, -1)
+    forward = default_positions_forward(LlamaModel)
+    want = model.model(input_ids=ids, position_ids=packed).last_hidden_state
+    packed_checks.clear()
+    got = forward(
+        model.model, input_ids=ids, position_ids=packed, **{DEFAULT_POSITIONS: True}
+    ).last_hidden_state
+    assert len(packed_checks) == 1
+    torch.testing.assert_close(got, want)
 
 
 def test_compiled_default_positions_run_sdpa_causal_as_eager_does():
@@ -148,12 +166,15 @@ def _families_with_a_head() -> list[str]:
 
 
 @pytest.mark.parametrize("family", _families_with_a_head())
-def test_every_family_called_without_positions_matches_its_padding_mask_call(family):
+def test_every_family_called_without_positions_matches_its_padding_mask_call(family, packed_checks):
     """Every family's training call without positions, mask or cache (the default-positions path) against the
     same patched model given an all-ones padding mask (transformers' own forward and masks): one step's loss and
-    gradients, fp32. The parity suite's calls pass the padding mask, so they do not take this path."""
+    gradients, fp32, and no packed-sequence check where our forward calls the base model (also for the forwards
+    that build their masks in a lambda, and for multimodal base models that hand the text model its masks'
+    inputs). The parity suite's calls pass the padding mask, so they do not take this path."""
     import transformers
 
+    from liger_registry.forwards.registry import get_forward
     from liger_registry.registry.loader import load_registry
     from liger_registry.registry.targets import version_problem
     from liger_registry.testing import rel_diff
@@ -167,7 +188,10 @@ def test_every_family_called_without_positions_matches_its_padding_mask_call(fam
         want_loss, want_grads = loss_and_grads(
             model, model, {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
         )
+        packed_checks.clear()
         loss, grads = loss_and_grads(model, model, batch)
+    if get_forward(entry.forward).fuses:  # the others keep transformers' causal-LM forward
+        assert not packed_checks
     torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-6)
     worst = max(rel_diff(grads[n], g, floor=1e-6) for n, g in want_grads.items())
     assert worst <= 1e-5, worst
