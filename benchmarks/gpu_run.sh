@@ -30,7 +30,8 @@
 #   positions      benchmarks/probe_positions.py (a patched model called without positions: compiled SDPA unmasked)
 #   probe-step     benchmarks/probe_e2e_step.py (one e2e step by phase and kernel kind, ours and liger)
 #   profile-step   the same on a bench_step row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096; STEP_METHOD,
-#                  default ours, then STEP_PEER, default liger: e.g. hf for a MoE row, hf_compile after ours_compile): issue 25's profile
+#                  default ours, then STEP_PEER, default liger: e.g. hf for a MoE row, hf_compile after ours_compile): issue 25's profile; PROBE_ARGS=--memory:
+#                  also the tensors alive at the step's peak, by allocating line
 # TF_WHEELS=DIR (carried, e.g. .whl_tf525 from `pip download transformers==X`): that transformers instead of the image's.
 # Extra arguments for the benchmarks: FLCE_ARGS="..." E2E_ARGS="..." COMPILE_ARGS="..." STEP_ARGS="..."; per-part time limits: T_<PART> seconds,
 # each cut to what is left of LIMIT_S (default 590: the device tool's 600 s per command) so the logs come back.
@@ -108,9 +109,9 @@ olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or gran
                    "python3 benchmarks/probe_token_chunk.py --shape gpt_oss && python3 benchmarks/probe_token_chunk.py --shape llama --chunks 2048" ;;
     probe-rows) part probe-rows "${T_PROBE:-120}" 12 python3 benchmarks/probe_row_stats.py ;;
     profile-step) part profile-step "${T_PROBE:-240}" 80 bash -c "python3 benchmarks/probe_e2e_step.py --method ${STEP_METHOD:-ours} \
-                    --step-model ${STEP_MODEL:-llama3_2_1b} --shape ${STEP_SHAPE:-2x4096} && python3 \
+                    --step-model ${STEP_MODEL:-llama3_2_1b} --shape ${STEP_SHAPE:-2x4096} $PROBE_ARGS && python3 \
                     benchmarks/probe_e2e_step.py --method ${STEP_PEER:-liger} --step-model ${STEP_MODEL:-llama3_2_1b} \
-                    --shape ${STEP_SHAPE:-2x4096}" ;;
+                    --shape ${STEP_SHAPE:-2x4096} $PROBE_ARGS" ;;
     positions) part positions "${T_POSITIONS:-90}" 10 python3 benchmarks/probe_positions.py ;;
     probe-step) part probe-step "${T_PROBE:-180}" 80 bash -c \
                   "python3 benchmarks/probe_e2e_step.py --method ours && python3 benchmarks/probe_e2e_step.py --method liger" ;;

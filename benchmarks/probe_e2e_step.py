@@ -5,6 +5,8 @@ step grouped by kind (profiler). One method per process (liger-kernel patches cl
 Usage: python benchmarks/probe_e2e_step.py --method ours|ours_compile|hf_compile|liger [--model llama] [--layers 2] [--tokens 8192]
        python benchmarks/probe_e2e_step.py --method ours --step-model llama3_2_1b [--shape 2x4096]   (bench_step's
        real configs at bench_step's depth: issue 25's per-step profile)
+       --memory: also the tensors alive at the step's peak (allocator history of one step), grouped by the line
+       that allocated them
 """
 
 from __future__ import annotations
@@ -97,6 +99,52 @@ def host_during(events: list, start: float, end: float, top: int = 14) -> list:
     return [f"{name} {us / 1e3:.2f}" for us, name in sorted(ops, reverse=True)[:top]]
 
 
+OWN_CODE = ("liger_registry", "liger_kernel", "transformers", "torch/optim", "benchmarks")
+
+
+def _where(frames: list) -> str:
+    """The innermost frame in a library of interest (else the innermost frame) as file:line function."""
+    for f in frames:
+        name = f.get("filename", "")
+        if any(k in name for k in OWN_CODE) and "torch/utils" not in name:
+            tail = "/".join(name.split("/")[-2:])
+            return f"{tail}:{f.get('line')} {f.get('name')}"
+    return "(no python frame: autograd engine / C++)" if not frames else f"{frames[0].get('name')}"
+
+
+def peak_breakdown(snapshot: dict, top: int = 25) -> dict:
+    """The allocations alive at the highest point of one step's allocator trace (those made before recording
+    started are not in it: parameters, optimizer state), grouped by the line that made them."""
+    events = snapshot["device_traces"][0] if snapshot.get("device_traces") else []
+    live, total, peak, at = {}, 0, 0, -1
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            total += e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])
+        if total > peak:
+            peak, at = total, i
+    live = {}
+    for e in events[: at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    groups = defaultdict(lambda: [0, 0])
+    for e in live.values():
+        g = groups[_where(e.get("frames", []))]
+        g[0] += e["size"]
+        g[1] += 1
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    return {
+        "peak_mib_above_start": peak / 2**20,
+        "at_event": at,
+        "events": len(events),
+        "groups": [(k, v[0] / 2**20, v[1]) for k, v in rows[:top]],
+    }
+
+
 def timed(fn) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -133,6 +181,9 @@ def main() -> None:
     )
     p.add_argument("--step-model", default=None, help="a bench_step.py model (its config and depth) instead")
     p.add_argument("--shape", default="2x4096", help="BATCHxSEQ with --step-model")
+    p.add_argument(
+        "--memory", action="store_true", help="the tensors alive at one step's peak, by allocating line"
+    )
     args = p.parse_args()
     model, job = build(args)
     info = bench_e2e.patch(job, model)
@@ -166,6 +217,21 @@ def main() -> None:
         opt.step()
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+    memory = {}
+    if args.memory:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.memory._record_memory_history(max_entries=500_000, stacks="python")
+        fwd()
+        holder.pop("loss").backward()
+        opt.step()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        memory = peak_breakdown(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+        memory["max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        memory["start_gib"] = start / 2**30
     trace = str(Path(tempfile.mkdtemp()) / "trace.json")
     prof.export_chrome_trace(trace)
     gaps = trace_summary(trace)
@@ -196,9 +262,17 @@ def main() -> None:
         )
     for ms, count, key in gaps.get("kernels", [])[:40]:
         print(f"  {ms:8.2f} ms {count:5d}x  {key}")
+    if memory:
+        print(
+            f"memory: max allocated {memory['max_allocated_gib']:.3f} GiB, {memory['start_gib']:.3f} before the step;"
+            f" the step's peak {memory['peak_mib_above_start']:.1f} MiB above that (event {memory['at_event']} of"
+            f" {memory['events']}); alive there, by allocating line:"
+        )
+        for where, mib, count in memory["groups"]:
+            print(f"  {mib:9.1f} MiB {count:5d}x  {where}")
     write_json(
         f"probe_e2e_step_{args.method}{'_' + args.step_model if args.step_model else ''}.json",
-        {"args": vars(args), "phases_ms": med, "timeline": gaps, **info},
+        {"args": vars(args), "phases_ms": med, "timeline": gaps, "memory": memory, **info},
     )
 
 
