@@ -43,11 +43,14 @@ def _glu_forward(spec: GluSpec, fused: Callable) -> Callable:
 
     def forward(self, x):
         g, u = getattr(self, gate)(x), getattr(self, up)(x)
+        # the projections' outputs are this call's own: the backward may write their gradients over them, unless
+        # an op between saved them (the sparsity's relu keeps its output)
+        projected = True
         if limit is not None:
             g, u = _clamped(g, u, getattr(self, limit))
         if sparsity is not None and getattr(self, sparsity) > 0.0:
-            g = getattr(self, SPARSITY_METHOD)(g)
-        h = fused(g, u, gate_multiplier=getattr(self, "gate_multiplier", 1.0))
+            g, projected = getattr(self, SPARSITY_METHOD)(g), False
+        h = fused(g, u, gate_multiplier=getattr(self, "gate_multiplier", 1.0), in_place_backward=projected)
         out = getattr(self, down)(h)
         down_multiplier = getattr(self, "down_multiplier", 1.0)
         return out if down_multiplier == 1.0 else out * down_multiplier

@@ -938,3 +938,28 @@ def test_deepseek_v4_shared_expert_bf16_as_unpatched():
         ref = mlp(x)
         out = swiglu_forward(GluSpec(targets=["DeepseekV4MLP"], limit="limit"))(mlp, x)
     _bits_check("DeepseekV4MLP output", out, ref, max_ulps=8, max_differing=0.05)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_glu_backward_peak_in_place(in_place):
+    """An MLP's GLU backward, bf16 [8192, 8192] gate and up: the in-place backward allocates no gradient buffers
+    (out of place: two of the inputs' size), with the same gradients."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(8192, 256, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = torch.randn(256, 2 * 8192, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05
+    gate, up = (x @ w).split(8192, dim=1)
+    gate, up = gate.contiguous(), up.contiguous()
+    y = K.swiglu(gate, up, in_place_backward=in_place)
+    dy = torch.randn(y.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    ref_gate, ref_up = gate.detach().clone().requires_grad_(), up.detach().clone().requires_grad_()
+    want = torch.autograd.grad(glu_math.swiglu_torch(ref_gate, ref_up), [ref_gate, ref_up], dy)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    got = torch.autograd.grad(y, [gate, up], dy)
+    torch.cuda.synchronize()
+    extra_mib = (torch.cuda.max_memory_allocated() - base) / 2**20
+    print(f"\n[gpu-peak] swiglu backward in_place={in_place}: {extra_mib:.1f} MiB above its inputs")
+    assert extra_mib < (1.0 if in_place else 300.0) and (in_place or extra_mib > 250.0)
+    for a, e in zip(got, want, strict=True):
+        assert (a.float() - e.float()).norm() / e.float().norm() < 2e-2

@@ -296,6 +296,42 @@ def test_glu_triton(name, dtype):
         _close(x, e, tol * 2)
 
 
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_glu_in_place_backward_writes_the_gradients_over_gate_and_up(name):
+    x = torch.randn(4, 40, generator=_g()).requires_grad_()
+    w_gate, w_up = torch.randn(40, 40, generator=_g(1)), torch.randn(40, 40, generator=_g(2))
+    gate, up = x @ w_gate, x @ w_up  # an MLP's projections: made for the kernel alone
+    before = gate.detach().clone(), up.detach().clone()
+    y = getattr(K, name)(gate, up, gate_multiplier=0.5, in_place_backward=True)
+    dy = torch.randn(y.shape, generator=_g(3))
+    got = torch.autograd.grad(y, [gate, up], dy, retain_graph=True)
+    ref_gate, ref_up = (t.clone().requires_grad_() for t in before)
+    ref = getattr(glu_math, f"{name}_torch")(ref_gate, ref_up, 0.5)
+    want = torch.autograd.grad(ref, [ref_gate, ref_up], dy)
+    for a, e in zip(got, want, strict=True):
+        _close(a, e, 1e-5)
+    assert got[0].data_ptr() == gate.data_ptr() and got[1].data_ptr() == up.data_ptr()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, [gate, up], dy)  # the saved activations are gone: a second backward refuses
+
+
+@pytest.mark.parametrize("layout", ["same tensor", "strided halves"])
+def test_glu_in_place_backward_of_shared_or_strided_inputs_is_out_of_place(layout):
+    x = torch.randn(4, 80, generator=_g()).requires_grad_()
+    proj = x * 2.0  # the kernel's inputs are made from it
+    gate, up = (proj, proj) if layout == "same tensor" else (proj[:, :40], proj[:, 40:])
+    y = K.swiglu(gate, up, in_place_backward=True)
+    dy = torch.randn(y.shape, generator=_g(1))
+    got = torch.autograd.grad(y, [x], dy)[0]
+    ref_x = x.detach().clone().requires_grad_()
+    ref_proj = ref_x * 2.0
+    ref_gate, ref_up = (
+        (ref_proj, ref_proj) if layout == "same tensor" else (ref_proj[:, :40], ref_proj[:, 40:])
+    )
+    want = torch.autograd.grad(glu_math.swiglu_torch(ref_gate, ref_up), [ref_x], dy)[0]
+    _close(got, want, 1e-5)
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_fused_linear_jsd_triton(beta, monkeypatch):
     n, h, v = 21, 16, 50

@@ -45,20 +45,44 @@ def _glu_args(what: str, gate: torch.Tensor, up: torch.Tensor, gate_multiplier, 
     )
 
 
+def _run(op, args: tuple, in_place_backward: bool) -> torch.Tensor:
+    backend, _ = op.decide(*args)
+    if backend == "triton":
+        return op.triton_impl(*args, in_place_backward=in_place_backward)
+    return op.torch_impl(*args)
+
+
 def swiglu(
-    gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    *,
+    gate_multiplier: float = 1.0,
+    down_multiplier: float = 1.0,
+    in_place_backward: bool = False,
 ) -> torch.Tensor:
     """``silu(gate * gate_multiplier) * up * down_multiplier``; each multiply rounds to the tensors' dtype as an
     eager one does (Falcon-H1's ``mlp_multipliers``; ``FalconH1MLP`` applies the down multiplier to the down
-    projection's output, which a drop-in does after the projection to keep its rounding and bias)."""
-    return SWIGLU_OP(*_glu_args("swiglu", gate, up, gate_multiplier, down_multiplier))
+    projection's output, which a drop-in does after the projection to keep its rounding and bias).
+
+    ``in_place_backward=True`` lets the Triton backward write the gradients over ``gate`` and ``up`` (saves two
+    buffers of their size at the backward). Off by default: only safe when nothing reads ``gate`` or ``up`` after
+    the backward (an MLP's projections, made for this call alone)."""
+    args = _glu_args("swiglu", gate, up, gate_multiplier, down_multiplier)
+    return _run(SWIGLU_OP, args, in_place_backward)
 
 
 def geglu(
-    gate: torch.Tensor, up: torch.Tensor, *, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    *,
+    gate_multiplier: float = 1.0,
+    down_multiplier: float = 1.0,
+    in_place_backward: bool = False,
 ) -> torch.Tensor:
-    """``gelu(gate * gate_multiplier, approximate="tanh") * up * down_multiplier``, rounded as :func:`swiglu`."""
-    return GEGLU_OP(*_glu_args("geglu", gate, up, gate_multiplier, down_multiplier))
+    """``gelu(gate * gate_multiplier, approximate="tanh") * up * down_multiplier``, rounded as :func:`swiglu`;
+    ``in_place_backward`` as there."""
+    args = _glu_args("geglu", gate, up, gate_multiplier, down_multiplier)
+    return _run(GEGLU_OP, args, in_place_backward)
 
 
 def glu_fused(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:

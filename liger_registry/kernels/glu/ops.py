@@ -8,10 +8,11 @@ result contiguous to agree, so its derived fake is exactly the Triton output's l
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..backend import Op, register
-from ..define import define_op
+from ..define import define_op, eager_twin
 from . import torch_math as tm
 from . import triton_kernels as tk
 
@@ -57,15 +58,48 @@ def _glu_backward(ctx, dc):
     return da, db, None, None, None, None
 
 
+def _disjoint(a: Tensor, b: Tensor) -> bool:
+    """Whether two contiguous tensors share no memory."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 + a.numel() * a.element_size() <= b0 or b0 + b.numel() * b.element_size() <= a0
+
+
+def _glu_backward_in_place(ctx, dc):
+    """The backward of ``in_place_backward=True``: the gradients written over the saved gate and up, which the MLP
+    made for this kernel alone and nothing reads after it. Its two [tokens, intermediate] outputs are the largest
+    allocation of a decoder layer's backward, where a deep model's step peaks (liger's SwiGLU writes them in
+    place too). Their versions move on, so a second backward through this graph raises instead of reading
+    gradients as activations."""
+    gate, up = ctx.saved_tensors
+    kind, gate_multiplier, down_multiplier, backend = ctx.args
+    fits = backend == "triton" and gate.is_contiguous() and up.is_contiguous() and _disjoint(gate, up)
+    if not fits:
+        return _glu_backward(ctx, dc)
+    tk.glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier, out=(gate, up))
+    torch.autograd.graph.increment_version((gate, up))
+    return gate, up, None, None, None, None
+
+
 glu_fwd = define_op("glu_fwd", _glu_fwd_impl, setup=_glu_setup, backward=_glu_backward)
+# The same op with the in-place backward, eager only: an AOT-traced backward may not mutate its saved inputs
+_glu_fwd_in_place_backward = eager_twin(
+    "glu_fwd_in_place_backward", _glu_fwd_impl, _glu_setup, _glu_backward_in_place
+)
 
 
-def swiglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0):
-    return glu_fwd(gate, up, tk.SILU, float(gate_multiplier), float(down_multiplier), "triton")
+def _glu_triton(kind: int, gate, up, gate_multiplier, down_multiplier, in_place_backward: bool):
+    args = (gate, up, kind, float(gate_multiplier), float(down_multiplier), "triton")
+    if in_place_backward and not torch.compiler.is_compiling():
+        return _glu_fwd_in_place_backward.apply(*args)
+    return glu_fwd(*args)
 
 
-def geglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0):
-    return glu_fwd(gate, up, tk.GELU_TANH, float(gate_multiplier), float(down_multiplier), "triton")
+def swiglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0, in_place_backward=False):
+    return _glu_triton(tk.SILU, gate, up, gate_multiplier, down_multiplier, in_place_backward)
+
+
+def geglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0, in_place_backward=False):
+    return _glu_triton(tk.GELU_TANH, gate, up, gate_multiplier, down_multiplier, in_place_backward)
 
 
 # ---------------------------------------------------------------- gated activations over a fused gate_up, relu²

@@ -116,10 +116,12 @@ def glu_bwd(
     kind: int,
     gate_multiplier: float = 1.0,
     down_multiplier: float = 1.0,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
+    """``(da, db)``; ``out``: where to write them (contiguous, a's and b's shapes; may be ``(a, b)`` themselves:
+    each element is read before it is written)."""
     dc, a, b = dc.contiguous(), a.contiguous(), b.contiguous()
-    da = torch.empty_like(a)
-    db = torch.empty_like(b)
+    da, db = out if out is not None else (torch.empty_like(a), torch.empty_like(b))
     n = a.numel()
     if n:
         _glu_bwd_kernel[(triton.cdiv(n, BLOCK),)](
