@@ -1,10 +1,13 @@
-"""MoE experts module forward: a transformers experts module (``use_experts_implementation``: stacked gate/up and
-down weights, ``forward(hidden_states, top_k_index, top_k_weights)``) on the grouped-GEMM kernel, its parameters
-read in place (names, state dict, PEFT and FSDP untouched). The router and everything around the experts stay
-transformers' code."""
+"""MoE experts module forward: an experts module (``forward(hidden_states, top_k_index, top_k_weights)``) on the
+grouped-GEMM kernel, its parameters read in place (names, state dict, PEFT and FSDP untouched): a transformers
+experts module (``use_experts_implementation``: stacked gate/up and down weights, the gate its ``_apply_gate``),
+or one the spec describes (DbrxExperts: separate 2-D gate, up and down weights in its ``mlp``, the down stored
+[in, out], the gate an activation module). The router and everything around the experts stay transformers' code."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -13,9 +16,12 @@ from torch import nn
 from liger_registry.kernels.moe import moe_experts
 from liger_registry.modules.wiring import checks, makes
 from liger_registry.schemas import MoeExpertsSpec
+from liger_registry.schemas.kernels import MOE_GATES
 
 # the gates that are an experts class's own _apply_gate (with the module's limit), not transformers' default
 OWN_GATES = ("clamped_swiglu", "limited_swiglu")
+# what an experts class that is not a transformers experts module must take (DbrxExperts does)
+ROUTED_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 
 _UNSERVED = {
     "has_gate": (False, "ungated experts (act_fn(up) only)"),
@@ -28,14 +34,53 @@ def _unserved(module: nn.Module) -> list[str]:
     return [why for attr, (bad, why) in _UNSERVED.items() if getattr(module, attr, not bad) == bad]
 
 
-def _weight(module: nn.Module, name: str) -> torch.Tensor:
-    weight = getattr(module, name)
-    if not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point or weight.dim() != 3:
-        raise TypeError(
-            f"{type(module).__name__}.{name} is not a stacked [E, out, in] floating-point weight "
+def _weight_problem(module: nn.Module, holder: nn.Module, name: str, num_experts: str) -> str | None:
+    """Why ``holder.name`` is not an expert weight the kernel reads in place: stacked 3-D, or 2-D [E * rows, cols]
+    with E the experts module's ``num_experts``."""
+    weight = getattr(holder, name, None)
+    if weight is None:
+        return f"{type(holder).__name__} has no expert weight {name!r}"
+    floating = isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point
+    if not floating or weight.dim() not in (2, 3):
+        return (
+            f"{type(holder).__name__}.{name} is not a stacked [E, out, in] floating-point weight "
             f"({type(weight).__name__}): quantised experts are not served by moe_experts; turn the kernel off"
         )
+    n = getattr(module, num_experts, None)
+    if weight.dim() == 2 and (not isinstance(n, int) or n <= 0 or weight.shape[0] % n):
+        return (
+            f"{type(holder).__name__}.{name} {tuple(weight.shape)} is 2-D: its rows do not split into "
+            f"{type(module).__name__}.{num_experts} ({n!r}) experts"
+        )
+    return None
+
+
+def _weight(module: nn.Module, holder: nn.Module, name: str, num_experts: str) -> torch.Tensor:
+    if problem := _weight_problem(module, holder, name, num_experts):
+        raise TypeError(problem)
+    weight = getattr(holder, name)
+    if weight.dim() == 2:  # every expert's rows in one parameter (DbrxExpertGLU): a view, no copy
+        n = getattr(module, num_experts)
+        return weight.view(n, weight.shape[0] // n, weight.shape[1])
     return weight
+
+
+@functools.cache
+def _act_classes(gate: str) -> tuple[type, ...]:
+    """The activation modules transformers builds for the config activations of ``gate``."""
+    from transformers.activations import ACT2FN
+
+    return tuple({type(ACT2FN[name]) for name in MOE_GATES[gate] if name in ACT2FN})
+
+
+def _act_problem(holder: nn.Module, act_fn: str, gate: str) -> str | None:
+    act = getattr(holder, act_fn, None)
+    if isinstance(act, _act_classes(gate)):
+        return None
+    return (
+        f"{type(holder).__name__}.{act_fn} is {type(act).__name__}, not the activation of the {gate} gate "
+        f"({', '.join(MOE_GATES[gate])})"
+    )
 
 
 def experts_forward(
@@ -46,33 +91,59 @@ def experts_forward(
     gate: str = "swiglu",
     gate_up: str = "gate_up_proj",
     down: str = "down_proj",
+    *,
+    up: str | None = None,
+    down_layout: str = "out_in",
+    weights_of: str | None = None,
+    num_experts: str = "num_experts",
+    act_fn: str | None = None,
+    output: str = "input_shape",
 ) -> torch.Tensor:
-    """What ``module``'s experts forward returns, computed by :func:`~liger_registry.kernels.moe.moe_experts`."""
-    if problems := _unserved(module):
+    """What ``module``'s experts forward returns, computed by :func:`~liger_registry.kernels.moe.moe_experts`; the
+    keyword options are :class:`~liger_registry.schemas.MoeExpertsSpec`'s."""
+    holder = module if weights_of is None else getattr(module, weights_of)
+    problems = _unserved(module)
+    # the plan checks each module's activation when it patches a model; an eager call checks it again (a class
+    # patched without a model), a compiled one does not trace the lookup
+    checked = act_fn is None or torch.compiler.is_compiling()
+    if not checked and (problem := _act_problem(holder, act_fn, gate)):
+        problems.append(problem)
+    if problems:
         raise NotImplementedError(
             f"{type(module).__name__}: moe_experts does not serve {', '.join(problems)}; turn the kernel off "
             "(policy kernels.moe_experts.enabled: false) for this run"
         )
     bias = getattr(module, "has_bias", False)
     clamped = gate in OWN_GATES
-    return moe_experts(
-        hidden_states,
+    w_d = _weight(module, holder, down, num_experts)
+    out = moe_experts(
+        hidden_states.reshape(-1, hidden_states.shape[-1]),
         top_k_index,
         top_k_weights,
-        _weight(module, gate_up),
-        _weight(module, down),
-        getattr(module, f"{gate_up}_bias") if bias else None,
-        getattr(module, f"{down}_bias") if bias else None,
+        _weight(module, holder, gate_up, num_experts),
+        w_d.transpose(1, 2) if down_layout == "in_out" else w_d,
+        getattr(holder, f"{gate_up}_bias") if bias else None,
+        getattr(holder, f"{down}_bias") if bias else None,
         act=gate,
         limit=module.limit if clamped else 0.0,
         alpha=module.alpha if gate == "clamped_swiglu" else 0.0,
         transposed=getattr(module, "is_transposed", False),
+        up_proj=_weight(module, holder, up, num_experts) if up is not None else None,
     )
+    if output == "batch_first":  # DbrxExperts.forward's view(batch_size, -1, hidden)
+        return out.view(hidden_states.shape[0], -1, out.shape[-1])
+    return out.view(hidden_states.shape)
+
+
+def _options(spec: MoeExpertsSpec) -> dict:
+    """The spec's layout options, as :func:`experts_forward` takes them."""
+    names = ("up", "down_layout", "weights_of", "num_experts", "act_fn", "output")
+    return {name: getattr(spec, name) for name in names}
 
 
 @makes("moe_experts")
 def moe_experts_forward(spec: MoeExpertsSpec) -> Callable:
-    gate, gate_up, down = spec.gate, spec.gate_up, spec.down
+    gate, gate_up, down, options = spec.gate, spec.gate_up, spec.down, _options(spec)
 
     # GptOssExperts names the routing arguments router_indices / routing_weights; the others top_k_index /
     # top_k_weights: a caller passing them by keyword reaches the kernel under either name.
@@ -83,7 +154,7 @@ def moe_experts_forward(spec: MoeExpertsSpec) -> Callable:
         weights = top_k_weights if top_k_weights is not None else routing_weights
         if index is None or weights is None:
             raise TypeError(f"{type(self).__name__}.forward: the routing indices and weights are required")
-        return experts_forward(self, hidden_states, index, weights, gate, gate_up, down)
+        return experts_forward(self, hidden_states, index, weights, gate, gate_up, down, **options)
 
     return forward
 
@@ -96,15 +167,14 @@ def transformers_default_gate() -> Callable | None:
     return _default_apply_gate
 
 
-@checks("moe_experts")
-def moe_experts_problem(spec: MoeExpertsSpec, entry, target, resolve_class) -> str | None:
-    """Why the kernel cannot replace this experts class's forward; None when it can: the class must be one
-    transformers' ``use_experts_implementation`` wraps, and its ``_apply_gate`` must be the gate the spec names
-    (transformers' default split gate for swiglu / geglu, the class's own for the OWN_GATES)."""
-    cls = target if isinstance(target, type) else type(target)
-    apply_gate = getattr(cls, "_apply_gate", None)
-    if apply_gate is None or not hasattr(cls.forward, "__wrapped__"):
-        return f"{cls.__name__} is not a transformers experts module (use_experts_implementation)"
+def is_experts_implementation(cls: type) -> bool:
+    """A transformers experts module: ``use_experts_implementation`` wrapped its forward and gave it a gate."""
+    return getattr(cls, "_apply_gate", None) is not None and hasattr(cls.forward, "__wrapped__")
+
+
+def _gate_problem(spec: MoeExpertsSpec, cls: type) -> str | None:
+    """A transformers experts class's ``_apply_gate`` must be the spec's gate."""
+    apply_gate = cls._apply_gate
     default = transformers_default_gate()
     if spec.gate in OWN_GATES and apply_gate is default:
         return f"{cls.__name__} uses transformers' default gate (act(gate) * up), not {spec.gate}"
@@ -112,6 +182,50 @@ def moe_experts_problem(spec: MoeExpertsSpec, entry, target, resolve_class) -> s
         return (
             f"{cls.__name__} overrides _apply_gate ({apply_gate.__qualname__}): its gate is not {spec.gate}"
         )
-    if not isinstance(target, type) and (problems := _unserved(target)):
-        return f"{cls.__name__}: {', '.join(problems)} not served"
     return None
+
+
+def _described_problem(spec: MoeExpertsSpec, cls: type) -> str | None:
+    """Another experts class is served when the spec names its activation module and it takes the routed
+    arguments (DbrxExperts)."""
+    if spec.act_fn is None:
+        return (
+            f"{cls.__name__} is not a transformers experts module (use_experts_implementation), and the spec names "
+            "no act_fn (its activation module) to serve it by"
+        )
+    args = tuple(inspect.signature(cls.forward).parameters)[1:]
+    if args != ROUTED_ARGS:
+        return f"{cls.__name__}.forward takes ({', '.join(args)}), not ({', '.join(ROUTED_ARGS)})"
+    return None
+
+
+def _module_problem(spec: MoeExpertsSpec, module: nn.Module) -> str | None:
+    """What one experts module holds that the kernel does not serve: its flags, its weights, its activation."""
+    cls = type(module).__name__
+    if problems := _unserved(module):
+        return f"{cls}: {', '.join(problems)} not served"
+    holder = module if spec.weights_of is None else getattr(module, spec.weights_of, None)
+    if not isinstance(holder, nn.Module):
+        return f"{cls}.{spec.weights_of} is not a module holding the expert weights"
+    names = [n for n in (spec.gate_up, spec.up, spec.down) if n is not None]
+    if problem := next(
+        (p for n in names if (p := _weight_problem(module, holder, n, spec.num_experts))), None
+    ):
+        return problem
+    return _act_problem(holder, spec.act_fn, spec.gate) if spec.act_fn is not None else None
+
+
+@checks("moe_experts")
+def moe_experts_problem(spec: MoeExpertsSpec, entry, target, resolve_class) -> str | None:
+    """Why the kernel cannot replace this experts class's forward; None when it can: a class transformers'
+    ``use_experts_implementation`` wraps, whose ``_apply_gate`` is the gate the spec names (transformers' default
+    split gate for swiglu / geglu, the class's own for the OWN_GATES), or another class taking the routed
+    arguments whose activation module the spec names (``act_fn``); on a module, its weights and activation too."""
+    cls = target if isinstance(target, type) else type(target)
+    if is_experts_implementation(cls):
+        problem = _gate_problem(spec, cls)
+    else:
+        problem = _described_problem(spec, cls)
+    if problem is None and not isinstance(target, type):
+        problem = _module_problem(spec, target)
+    return problem

@@ -201,10 +201,12 @@ class GluSpec(ModuleKernelSpec):
 
 
 class MoeExpertsSpec(ModuleKernelSpec):
-    """The experts of a mixture of experts: a transformers experts module (``use_experts_implementation``) with
-    stacked ``gate_up`` [E, 2I, H] and ``down`` [E, H, I] weights (or their transposes) whose forward
-    ``(hidden_states, top_k_index, top_k_weights)`` the grouped-GEMM kernel replaces; parameters, names and state
-    dict unchanged. The router is not touched."""
+    """The experts of a mixture of experts: an experts module with stacked ``gate_up`` [E, 2I, H] and ``down``
+    [E, H, I] weights (or their transposes) whose forward ``(hidden_states, top_k_index, top_k_weights)`` the
+    grouped-GEMM kernel replaces; parameters, names and state dict unchanged. The router is not touched. A
+    transformers experts module (``use_experts_implementation``) gives the gate through its ``_apply_gate``; any
+    other (DbrxExperts: separate 2-D gate, up and down weights in a submodule, the down stored [in, out]) names
+    its activation module (``act_fn``) and the weights' layout in the options below."""
 
     gate: Literal[tuple(MOE_GATES)] = Field(
         default(MOE_EXPERTS + "gate"),
@@ -213,13 +215,48 @@ class MoeExpertsSpec(ModuleKernelSpec):
         "limited_swiglu (DeepSeek-V4's _apply_gate: the split SwiGLU, gate and up clamped at the module's limit).",
     )
     gate_up: str = Field(
-        default(MOE_EXPERTS + "gate_up"), description="Attribute holding the gate/up weights."
+        default(MOE_EXPERTS + "gate_up"),
+        description="Attribute holding the gate/up weights (only the gate's when `up` is set).",
+    )
+    up: str | None = Field(
+        default(MOE_EXPERTS + "up"),
+        description="Attribute holding separate up weights, of the gate weights' shape (DbrxExpertGLU's v1 beside "
+        "its w1), read in place; null: gate_up holds both halves. Split gates only (not clamped_swiglu).",
     )
     down: str = Field(default(MOE_EXPERTS + "down"), description="Attribute holding the down weights.")
+    down_layout: Literal["out_in", "in_out"] = Field(
+        default(MOE_EXPERTS + "down_layout"),
+        description="How each expert's down matrix is stored beside the gate/up matrices: out_in, as they are "
+        "([H, I] when they are [I, H]: transformers' experts, either is_transposed layout); in_out, the other way "
+        "round (DbrxExpertGLU's w2, [I, H] and used as h @ w2), passed to the kernel as a transposed view, no copy.",
+    )
+    weights_of: str | None = Field(
+        default(MOE_EXPERTS + "weights_of"),
+        description="Submodule of the experts module holding the weights and `act_fn` (DbrxExperts' mlp, a "
+        "DbrxExpertGLU); null: the experts module itself.",
+    )
+    num_experts: str = Field(
+        default(MOE_EXPERTS + "num_experts"),
+        description="Attribute of the experts module holding the number of experts E: a weight stored 2-D "
+        "[E * rows, cols] (DbrxExpertGLU's) is viewed [E, rows, cols] in place by it.",
+    )
+    act_fn: str | None = Field(
+        default(MOE_EXPERTS + "act_fn"),
+        description="Attribute (of the weights' module) holding the activation module of act(gate) * up, for an "
+        "experts class that is not a transformers experts module (DbrxExpertGLU's activation_fn, built from "
+        "config.ffn_config.ffn_act_fn, a dict act_config_attr cannot read): each module's is checked to compute "
+        "the gate's activation. swiglu and geglu only.",
+    )
+    output: Literal["input_shape", "batch_first"] = Field(
+        default(MOE_EXPERTS + "output"),
+        description="The shape the forward returns: input_shape, the hidden states' (transformers' experts "
+        "modules, given [T, H]); batch_first, [hidden_states.shape[0], -1, H] (DbrxExperts.forward, given the "
+        "decoder's [B, S, H]).",
+    )
     act_config_attr: str | list[str] | None = Field(
         default(MOE_EXPERTS + "act_config_attr"),
         description="Config attribute naming the experts' activation, checked against the gate (see GluSpec); "
-        "null for clamped_swiglu, whose activation is fixed.",
+        "null for clamped_swiglu, whose activation is fixed, and where `act_fn` checks the module instead.",
     )
 
     @property
@@ -228,10 +265,23 @@ class MoeExpertsSpec(ModuleKernelSpec):
         return MOE_GATES[self.gate]
 
     @model_validator(mode="after")
-    def _clamped_has_no_config_activation(self):
+    def _options_fit_the_gate(self):
         if self.gate == "clamped_swiglu" and self.act_config_attr is not None:
             raise ValueError("gate clamped_swiglu computes a fixed activation: set act_config_attr: null")
+        if self.up is not None and self.gate == "clamped_swiglu":
+            raise ValueError(
+                f"up {self.up!r}: separate up weights feed a [gate | up] gate, not clamped_swiglu"
+            )
+        if self.act_fn is not None and self.gate not in ("swiglu", "geglu"):
+            raise ValueError(
+                f"act_fn {self.act_fn!r}: act(gate) * up is gate swiglu or geglu, not {self.gate}"
+            )
         return self
+
+    def module_attributes(self, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
+        if self.weights_of is not None:  # the weights are the submodule's: the kind's check reads them there
+            return [(self.weights_of,)]
+        return super().module_attributes(fields) + ([(self.up,)] if self.up is not None else [])
 
 
 class LayerNormSpec(ModuleKernelSpec):

@@ -1,5 +1,6 @@
 """MoE experts (kernels/moe) against a per-token PyTorch reference: both backends (Triton through the interpreter
 on CPU), every gate, both weight layouts, biases, an expert without tokens, fp32 forward and every gradient;
+separate gate and up weights and a down weight that is a transposed view (DBRX) against the fused equivalent;
 the routing table's blocks; argument errors."""
 
 from __future__ import annotations
@@ -119,6 +120,66 @@ def test_weight_gradients_by_grouped_mm_match_the_reference(backend, act, transp
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"d {name}: {m}")
 
 
+def _split_inputs(act: str, transposed: bool, bias: bool, down_view: bool):
+    """Separate gate and up weights (leaves) and their fused equivalent (their cat, so gradients reach them);
+    ``down_view``: the down weight stored [E, I, H] and passed as its transposed view (DBRX's w2)."""
+    x, idx, w, w_gu, w_d, b_gu, b_d = _inputs(act, transposed, bias)
+    dim = 2 if transposed else 1
+    w_g, w_u = (half.detach().contiguous().requires_grad_() for half in w_gu.chunk(2, dim))
+    if down_view:
+        w_d = w_d.detach().transpose(1, 2).contiguous().requires_grad_()  # the stored [E, I, H]
+    return x, idx, w, (w_g, w_u), w_d, b_gu, b_d, dim
+
+
+@pytest.mark.parametrize(
+    ("act", "transposed", "bias", "down_view"),
+    [
+        ("swiglu", False, False, True),  # DBRX
+        ("swiglu", False, True, False),
+        ("geglu", True, False, False),
+        ("limited_swiglu", True, True, False),
+        ("swiglu", True, True, False),
+    ],
+)
+def test_split_gate_and_up_weights_match_the_fused_equivalent(backend, act, transposed, bias, down_view):
+    """up_proj beside a gate-only gate_up_proj computes what their cat computes: the output and every gradient,
+    fp32, whichever way the down weight is stored."""
+    x, idx, w, (w_g, w_u), w_d, b_gu, b_d, dim = _split_inputs(act, transposed, bias, down_view)
+    down = w_d.transpose(1, 2) if down_view else w_d
+    kw = dict(act=act, limit=LIMIT, alpha=ALPHA, transposed=transposed)
+    got = moe_experts(x, idx, w, w_g, down, b_gu, b_d, up_proj=w_u, **kw)
+    want = moe_experts(x, idx, w, torch.cat([w_g, w_u], dim), down.contiguous(), b_gu, b_d, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [p for p in (x, w, w_g, w_u, w_d, b_gu, b_d) if p is not None]
+    dy = torch.randn(got.shape, generator=torch.Generator().manual_seed(9))
+    named = zip("x w w_g w_u w_d b_gu b_d".split(), (x, w, w_g, w_u, w_d, b_gu, b_d), strict=True)
+    names = [n for n, p in named if p is not None]
+    for name, a, b in zip(
+        names, torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"d {name}: {m}")
+
+
+@pytest.mark.parametrize(("transposed", "bias", "down_view"), [(False, False, True), (True, True, False)])
+def test_split_weight_gradients_by_grouped_mm_match_the_fused_equivalent(
+    backend, transposed, bias, down_view, monkeypatch
+):
+    """The grouped-GEMM weight gradients (forced on the CPU's torch._grouped_mm) of separate gate and up
+    weights, and of a down weight that is a transposed view: those of the fused equivalent."""
+    if backend != "triton":
+        pytest.skip("the grouped-GEMM weight gradients are a choice of the Triton path")
+    monkeypatch.setattr(moe_ops, "wgrad_by_grouped_mm", lambda x, h: True)
+    x, idx, w, (w_g, w_u), w_d, b_gu, b_d, dim = _split_inputs("swiglu", transposed, bias, down_view)
+    down = w_d.transpose(1, 2) if down_view else w_d
+    kw = dict(transposed=transposed)
+    got = moe_experts(x, idx, w, w_g, down, b_gu, b_d, up_proj=w_u, **kw)
+    want = reference(x, idx, w, torch.cat([w_g, w_u], dim), down, b_gu, b_d, "swiglu", transposed)
+    params = [p for p in (w_g, w_u, w_d, b_gu, b_d) if p is not None]
+    dy = torch.randn(got.shape, generator=torch.Generator().manual_seed(9))
+    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_grouped_mm_is_chosen_only_on_cuda_with_aligned_rows():
     x, h = torch.zeros(4, 24), torch.zeros(4, 20)
     assert not moe_ops.wgrad_by_grouped_mm(x, h)
@@ -172,30 +233,56 @@ def test_bad_arguments_raise_every_problem(change, message):
         moe_experts(x, args["idx"], w, w_gu, args["w_d"], args["b_gu"], None, act=args["act"])
 
 
+@pytest.mark.parametrize(
+    ("act", "up", "message"),
+    [
+        ("clamped_swiglu", lambda w_g: w_g.clone(), "up_proj given with act='clamped_swiglu'"),
+        ("swiglu", lambda w_g: w_g[:, :-1], r"up_proj \(5, 19, 24\)"),
+        ("swiglu", lambda w_g: w_g.transpose(1, 2).contiguous().transpose(1, 2), "must match gate_up_proj"),
+    ],
+)
+def test_bad_separate_up_weights_are_refused(act, up, message):
+    x, idx, w, (w_g, _), w_d, _, _, _ = _split_inputs("swiglu", False, False, False)
+    with pytest.raises(ValueError, match=message):
+        moe_experts(x, idx, w, w_g, w_d, act=act, up_proj=up(w_g.detach()))
+
+
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="bf16 Triton GEMMs run on the GPU (the interpreter has no bf16 dot)"
 )
 @pytest.mark.parametrize(
-    ("act", "transposed", "bias"),
-    [("swiglu", False, False), ("clamped_swiglu", True, True), ("limited_swiglu", False, False)],
+    ("act", "transposed", "bias", "split"),
+    [
+        ("swiglu", False, False, False),
+        ("clamped_swiglu", True, True, False),
+        ("limited_swiglu", False, False, False),
+        ("swiglu", False, False, True),  # DBRX: separate up weights, the down weight a transposed view
+        ("limited_swiglu", True, True, True),
+    ],
 )
 @pytest.mark.parametrize(
     "inter", [INTER, 333]
 )  # 333: several column blocks for every tile the autotuner tries
-def test_gpu_bf16_is_as_close_to_fp32_as_the_pytorch_path(act, transposed, bias, inter, monkeypatch):
+def test_gpu_bf16_is_as_close_to_fp32_as_the_pytorch_path(act, transposed, bias, split, inter, monkeypatch):
     """bf16 on CUDA, the first call of a shape (the autotuner's trials included): the Triton kernels' output and
     gradients against fp32, within 2x (+ bf16 eps) of the error the PyTorch path (transformers' op order) makes
     in bf16."""
     fp32 = [t.detach().cuda() if t is not None else None for t in _inputs(act, transposed, bias, inter=inter)]
     kw = dict(act=act, limit=LIMIT, alpha=ALPHA, transposed=transposed)
 
+    def leaf(t, dtype):
+        return t if t is None or not t.is_floating_point() else t.to(dtype).contiguous().requires_grad_()
+
     def run(dtype, backend):
         monkeypatch.setenv(K.ENV_VAR, backend)
-        x, idx, w, w_gu, w_d, b_gu, b_d = [
-            t if t is None or not t.is_floating_point() else t.to(dtype).requires_grad_() for t in fp32
-        ]
-        out = moe_experts(x, idx, w, w_gu, w_d, b_gu, b_d, **kw)
-        params = [p for p in (x, w, w_gu, w_d, b_gu, b_d) if p is not None]
+        x, idx, w, w_gu, w_d, b_gu, b_d = [leaf(t, dtype) for t in fp32]
+        w_up = None
+        if split:
+            w_gu, w_up = (leaf(half, dtype) for half in w_gu.detach().chunk(2, 2 if transposed else 1))
+            w_d = leaf(w_d.detach().transpose(1, 2), dtype) if not transposed else w_d
+        down = w_d.transpose(1, 2) if split and not transposed else w_d
+        out = moe_experts(x, idx, w, w_gu, down, b_gu, b_d, up_proj=w_up, **kw)
+        params = [p for p in (x, w, w_gu, w_up, w_d, b_gu, b_d) if p is not None]
         dy = torch.ones_like(out)
         return [out, *torch.autograd.grad(out, params, dy)]
 

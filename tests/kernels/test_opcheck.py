@@ -517,7 +517,8 @@ def _variant_cases() -> list[Case]:
 
 def _moe_cases() -> list[Case]:
     """The experts op and its backward: stacked weights in both layouts (transposed: GPT-OSS, with biases and
-    the clamped gate), hidden rows contiguous or a slice of a wider buffer, an expert without tokens."""
+    the clamped gate), hidden rows contiguous or a slice of a wider buffer, an expert without tokens; separate
+    gate and up weights (DBRX: its down weight a transposed view of [E, I, H]; transposed with biases)."""
     from liger_registry.kernels.moe.routing import route
 
     t, h, inter, e, k = 7, 24, 20, 4, 2
@@ -525,7 +526,18 @@ def _moe_cases() -> list[Case]:
         [[0, 1], [1, 0], [0, 3], [3, 1], [1, 0], [0, 3], [3, 1]], device=DEVICE
     )  # expert 2 idle
 
-    def args(layout, transposed, backend, grad=True):
+    def weights(transposed, split, grad):
+        rows = inter if split else 2 * inter
+        gu_shape = (e, h, rows) if transposed else (e, rows, h)
+        w_gu = rand(*gu_shape, seed=3, grad=grad)
+        w_up = rand(*gu_shape, seed=8, grad=grad) if split else None
+        if split and not transposed:  # DBRX's w2: [E, I, H] stored, [E, H, I] seen
+            w_d = rand(e, inter, h, seed=4).transpose(1, 2).detach().requires_grad_(grad)
+        else:
+            w_d = rand(*((e, inter, h) if transposed else (e, h, inter)), seed=4, grad=grad)
+        return w_gu, w_d, w_up
+
+    def args(layout, transposed, split, backend, grad=True):
         x = (
             rand(t, h, seed=1, grad=grad)
             if layout == "contiguous"
@@ -533,31 +545,39 @@ def _moe_cases() -> list[Case]:
         )
         table = route(idx, e, block_m=4)
         w = rand(t * k, seed=2, grad=grad)
-        shapes = ((e, h, 2 * inter), (e, inter, h)) if transposed else ((e, 2 * inter, h), (e, h, inter))
-        w_gu, w_d = rand(*shapes[0], seed=3, grad=grad), rand(*shapes[1], seed=4, grad=grad)
+        w_gu, w_d, w_up = weights(transposed, split, grad)
         b_gu = rand(e, 2 * inter, seed=5, grad=grad) if transposed else None
         b_d = rand(e, h, seed=6, grad=grad) if transposed else None
-        act = "clamped_swiglu" if transposed else "swiglu"
+        act = "clamped_swiglu" if transposed and not split else "swiglu"
         routing = (table.src, table.dest, table.offsets, table.blocks, table.block_m, k)
-        return (x, w, w_gu, w_d, b_gu, b_d, *routing, act, 7.0, 1.702, not transposed, backend)
+        return (x, w, w_gu, w_d, b_gu, b_d, w_up, *routing, act, 7.0, 1.702, not transposed, backend)
 
-    def fwd(backend, layout, transposed):
-        return args(layout, transposed, backend)
+    def fwd(backend, layout, transposed, split):
+        return args(layout, transposed, split, backend)
 
-    def bwd(backend, layout, transposed):
-        fwd_args = args(layout, transposed, backend, grad=False)
-        x, w, w_gu, w_d, b_gu, b_d, *rest = fwd_args
+    def bwd(backend, layout, transposed, split):
+        fwd_args = args(layout, transposed, split, backend, grad=False)
+        x, w, w_gu, w_d, b_gu, b_d, w_up, *rest = fwd_args
         _, gate_up, act = OPS.moe_experts(*fwd_args)
-        return (rand(t, h, seed=7), x, w, w_gu, w_d, b_gu, b_d, gate_up, act, *rest)
+        return (rand(t, h, seed=7), x, w, w_gu, w_d, b_gu, b_d, w_up, gate_up, act, *rest)
 
     cases = []
     for layout in ("contiguous", "strided-rows"):
         for transposed in (False, True):
-            name = f"{layout}-{'transposed-bias-clamped' if transposed else 'swiglu'}"
-            cases.append(Case("moe_experts", name, BOTH, lambda b, lo=layout, tr=transposed: fwd(b, lo, tr)))
-            cases.append(
-                Case("moe_experts_bwd", name, BOTH, lambda b, lo=layout, tr=transposed: bwd(b, lo, tr))
-            )
+            for split in (False, True):
+                kind = ("transposed-bias-" if transposed else "") + (
+                    "split" if split else "clamped" if transposed else "swiglu"
+                )
+                name = f"{layout}-{kind}"
+                for op, make in (("moe_experts", fwd), ("moe_experts_bwd", bwd)):
+                    cases.append(
+                        Case(
+                            op,
+                            name,
+                            BOTH,
+                            lambda b, m=make, lo=layout, tr=transposed, sp=split: m(b, lo, tr, sp),
+                        )
+                    )
     return cases
 
 
@@ -594,18 +614,18 @@ def test_opcheck(case: Case, backend: str):
     torch.library.opcheck(getattr(OPS, case.op).default, args, test_utils=utils)
 
 
+@pytest.mark.parametrize("kind", ["transposed-bias-clamped", "split", "transposed-bias-split"])
 @pytest.mark.parametrize("layout", ["contiguous", "strided-rows"])
-def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(layout, monkeypatch):
+def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(layout, kind, monkeypatch):
     """The weight and bias gradients as torch._grouped_mm (what CUDA runs), forced on the CPU's grouped GEMM: the
-    bias gradients must come back in the fake's contiguous layout (a strided view broke inductor on CUDA)."""
+    bias gradients must come back in the fake's contiguous layout (a strided view broke inductor on CUDA), the
+    weight gradients in their weights' layouts (split: the down weight a transposed view)."""
     if not TRITON_RUNS:
         pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 at import")
     from liger_registry.kernels.moe import ops as moe_ops
 
     monkeypatch.setattr(moe_ops, "wgrad_by_grouped_mm", lambda x, h: True)
-    case = next(
-        c for c in CASES if c.op == "moe_experts_bwd" and c.layout == f"{layout}-transposed-bias-clamped"
-    )
+    case = next(c for c in CASES if c.op == "moe_experts_bwd" and c.layout == f"{layout}-{kind}")
     torch.library.opcheck(OPS.moe_experts_bwd.default, case.make("triton"))
 
 

@@ -1,13 +1,16 @@
 """The moe_experts forward on transformers' own experts modules (Qwen3-MoE: split gate; GPT-OSS: clamped
 interleaved gate, transposed weights, biases) against the module's own forward under every experts
-implementation the installed release offers that runs on CPU; the check that refuses a wrong gate; what the
-forward refuses with a reason."""
+implementation the installed release offers that runs on CPU; DBRX's experts (separate 2-D gate and up weights in a
+submodule, the down stored [in, out]) against theirs, and its tiny model patched against unpatched; the check that
+refuses a wrong gate; what the forward refuses with a reason."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers.integrations import moe as hf_moe
+from transformers.models.dbrx import modeling_dbrx
+from transformers.models.dbrx.configuration_dbrx import DbrxFFNConfig
 from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
 from transformers.models.qwen3_moe import modeling_qwen3_moe
@@ -16,6 +19,7 @@ from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
 from liger_registry.modules.moe import experts_forward, moe_experts_forward, moe_experts_problem
+from liger_registry.registry import load_registry
 from liger_registry.schemas import MoeExpertsSpec
 
 T = 11
@@ -130,7 +134,7 @@ def test_routing_arguments_by_keyword_under_either_name(monkeypatch):
         module(x)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral", "dbrx"])
 def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch):
     """apply() on a tiny model: every experts module's forward goes through moe_experts (counted), and revert
     gives transformers' forward back."""
@@ -149,3 +153,100 @@ def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch)
     handle.revert()
     model(**tiny_batch(model))
     assert len(calls) == n_experts
+
+
+def _dbrx(act: str = "silu"):
+    config = DbrxFFNConfig(
+        hidden_size=32, ffn_hidden_size=24, moe_num_experts=5, moe_top_k=2, ffn_act_fn={"name": act}
+    )
+    return _init(modeling_dbrx.DbrxExperts(config))
+
+
+def _dbrx_spec() -> MoeExpertsSpec:
+    return load_registry().families["dbrx"].entry.kernels.moe_experts
+
+
+@pytest.mark.parametrize("shape", [(1, T), (T,)], ids=["batch-seq", "rows"])
+def test_dbrx_experts_match_the_modules_own_forward(backend, shape, monkeypatch):
+    """The registry's dbrx spec on DbrxExperts: the output (and its shape, [batch, -1, H] whatever the input's
+    rank) and every gradient, fp32."""
+    module = _dbrx()
+    x, idx, w = _routing(module.num_experts, 2)
+    x = x.view(*shape, 32).detach().requires_grad_()
+    w.requires_grad_()
+    want = module(x, idx, w)
+    monkeypatch.setattr(modeling_dbrx.DbrxExperts, "forward", moe_experts_forward(_dbrx_spec()))
+    got = module(x, idx, w)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [x, w, *module.parameters()]
+    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_check_serves_dbrx_and_says_why_not():
+    spec = _dbrx_spec()
+    assert moe_experts_problem(spec, None, modeling_dbrx.DbrxExperts, None) is None
+    assert moe_experts_problem(spec, None, _dbrx(), None) is None
+    assert "no act_fn" in moe_experts_problem(
+        spec.model_copy(update={"act_fn": None}), None, modeling_dbrx.DbrxExperts, None
+    )
+    assert "not the activation of the swiglu gate" in moe_experts_problem(spec, None, _dbrx("gelu"), None)
+    assert "not a module holding" in moe_experts_problem(
+        spec.model_copy(update={"weights_of": "experts"}), None, _dbrx(), None
+    )
+    assert "do not split into" in moe_experts_problem(
+        spec.model_copy(update={"num_experts": "hidden_size"}), None, _dbrx(), None
+    )
+    refused = moe_experts_problem(spec, None, modeling_dbrx.DbrxExpertGLU, None)
+    assert "DbrxExpertGLU.forward takes (x, expert_w1, expert_v1, expert_w2)" in refused
+
+
+def test_the_dbrx_forward_refuses_another_activation():
+    module = _dbrx("gelu")
+    x, idx, w = _routing(module.num_experts, 2)
+    with pytest.raises(NotImplementedError, match="not the activation of the swiglu gate"):
+        experts_forward(module, x, idx, w, **_dbrx_options())
+
+
+def _dbrx_options() -> dict:
+    spec = _dbrx_spec()
+    names = ("gate", "gate_up", "up", "down", "down_layout", "weights_of", "num_experts", "act_fn", "output")
+    return {n: getattr(spec, n) for n in names}
+
+
+def test_split_options_are_checked_by_the_schema():
+    with pytest.raises(ValueError, match="not clamped_swiglu"):
+        MoeExpertsSpec(targets=["X"], gate="clamped_swiglu", act_config_attr=None, up="v1")
+    with pytest.raises(ValueError, match="swiglu or geglu"):
+        MoeExpertsSpec(targets=["X"], gate="limited_swiglu", act_fn="activation_fn")
+
+
+def test_dbrx_tiny_model_patched_matches_unpatched(backend):
+    """The tiny DBRX model with its registry entry applied: every experts module on the kernel, the loss and every
+    gradient those of the unpatched model (fp32), parameter names and state dict unchanged."""
+    import copy
+
+    import liger_registry
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    reference = tiny_model("dbrx")
+    model = copy.deepcopy(reference)
+    batch = tiny_batch(reference)
+    keys = list(model.state_dict())
+    want = reference(**batch).loss  # before the patch: rotary embedding is patched module-wide
+    want.backward()
+    with liger_registry.patched(model) as handle:
+        patched = [r.target for r in handle.report.patched if r.kernel == "moe_experts"]
+        assert len(patched) == sum(isinstance(m, modeling_dbrx.DbrxExperts) for m in model.modules()) > 0
+        assert list(model.state_dict()) == keys
+        got = model(**batch).loss
+        got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    grads = dict(model.named_parameters())
+    assert grads.keys() == dict(reference.named_parameters()).keys()
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(
+            grads[name].grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
+        )

@@ -5,6 +5,8 @@ per-expert loop; and its registered :class:`~..backend.Op`.
 Forward outputs: the experts' result [T, H] and, for the backward, the gate/up projection [S, 2I] and the gated
 activation [S, I] of each sorted row (the activation is recomputed from gate/up where the backward needs its
 value, never stored twice). The routing weights enter sorted by row (a differentiable gather outside the op).
+``w_up``: the up weights when ``w_gu`` holds only the gate's (DBRX's ``v1`` beside ``w1``), read in place; its
+gradient is the backward's last output (empty when there is none, as the bias gradients are).
 """
 
 from __future__ import annotations
@@ -21,18 +23,18 @@ from . import triton_kernels as tk
 from .routing import Route
 
 
-def _inter(w_gu: Tensor, out_first: bool) -> int:
-    return (w_gu.shape[1] if out_first else w_gu.shape[2]) // 2
+def _inter(w_gu: Tensor, w_up: Tensor | None, out_first: bool) -> int:
+    rows = w_gu.shape[1] if out_first else w_gu.shape[2]
+    return rows if w_up is not None else rows // 2
 
 
-def _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, route: Route, top_k, act, limit, alpha, out_first):
-    n_rows, hidden, inter = route.src.shape[0], x.shape[1], _inter(w_gu, out_first)
+def _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, w_up, route: Route, top_k, act, limit, alpha, out_first):
+    n_rows, hidden, inter = route.src.shape[0], x.shape[1], _inter(w_gu, w_up, out_first)
     gate_up = x.new_empty(n_rows, 2 * inter)
     h = x.new_empty(n_rows, inter)
     glu = dict(act=act, limit=limit, alpha=alpha)
-    tk.rows_gemm(
-        tk.GLU_FWD, x, route.src, w_gu, out_first, inter, route, out=gate_up, out2=h, bias=b_gu, **glu
-    )
+    tk.rows_gemm(tk.GLU_FWD, x, route.src, w_gu, out_first, inter, route, out=gate_up, out2=h, w_up=w_up,
+                 bias=b_gu, **glu)  # fmt: skip
     buf = torch.empty(n_rows, hidden, dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
     tk.rows_gemm(
         tk.SCATTER_WEIGHTED, h, None, w_d, out_first, hidden, route, out=buf, bias=b_d, weights=weights
@@ -42,19 +44,19 @@ def _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, route: Route, top_k, act, limi
 
 def _fwd_impl(
     x: Tensor, weights: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Tensor | None, b_d: Tensor | None,
-    src: Tensor, dest: Tensor, offsets: Tensor, blocks: Tensor, block_m: int, top_k: int,
+    w_up: Tensor | None, src: Tensor, dest: Tensor, offsets: Tensor, blocks: Tensor, block_m: int, top_k: int,
     act: str, limit: float, alpha: float, out_first: bool, backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     if backend == "torch":
-        return tm.experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, top_k, act, limit, alpha,
-                              out_first)  # fmt: skip
+        return tm.experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit,
+                              alpha, out_first)  # fmt: skip
     route = Route(src, dest, offsets, blocks, block_m)
-    return _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, route, top_k, act, limit, alpha, out_first)
+    return _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, w_up, route, top_k, act, limit, alpha, out_first)
 
 
-def _fwd_fake(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, blocks, block_m, top_k, act, limit, alpha,
-              out_first, backend):  # fmt: skip
-    inter = _inter(w_gu, out_first)
+def _fwd_fake(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, blocks, block_m, top_k, act, limit,
+              alpha, out_first, backend):  # fmt: skip
+    inter = _inter(w_gu, w_up, out_first)
     n_rows = src.shape[0]
     return x.new_empty(x.shape), x.new_empty(n_rows, 2 * inter), x.new_empty(n_rows, inter)
 
@@ -74,7 +76,7 @@ def _down_bias_term(dout, b_d, route: Route) -> Tensor:
     return per_token[route.src.long(), _row_experts(route)]
 
 
-def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route, top_k, act, limit, alpha,
+def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, route: Route, top_k, act, limit, alpha,
                 out_first):  # fmt: skip
     dout = dout.contiguous()
     n_rows, hidden, inter = route.src.shape[0], x.shape[1], h.shape[1]
@@ -87,11 +89,11 @@ def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route: Route
     if b_d is not None:
         d_weights = d_weights + _down_bias_term(dout, b_d, route)
     buf = x.new_empty(n_rows, hidden)
-    tk.rows_gemm(tk.SCATTER, dgu, None, w_gu, not out_first, hidden, route, out=buf)
+    tk.rows_gemm(tk.SCATTER, dgu, None, w_gu, not out_first, hidden, route, out=buf, w_up=w_up)
     dx = buf.view(-1, top_k, hidden).sum(1).to(x.dtype)
     del buf  # the weight gradients' buffers take its place
     wgrad = _wgrad_grouped_mm if wgrad_by_grouped_mm(x, h) else _wgrad_triton
-    return dx, d_weights, *wgrad(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route, out_first)
+    return dx, d_weights, *wgrad(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route, out_first)
 
 
 def wgrad_by_grouped_mm(x: Tensor, h: Tensor) -> bool:
@@ -115,26 +117,43 @@ def _grouped_mm_runs(device_index: int, dtype: torch.dtype) -> bool:
     return True
 
 
-def _wgrad_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Route, out_first):
-    dw_gu, dw_d = torch.empty_like(w_gu), torch.empty_like(w_d)
+def _gate_up_halves(dgu: Tensor, db_gu: Tensor | None, w_up: Tensor | None):
+    """(gradient columns, bias-gradient columns) of each weight gate/up is read from: all of them for the one
+    weight, else the gate's half and the up's half (strided views: the kernels read through the row stride)."""
+    if w_up is None:
+        return [(dgu, db_gu)]
+    inter = dgu.shape[1] // 2
+    bias = (None, None) if db_gu is None else (db_gu[:, :inter], db_gu[:, inter:])
+    return [(dgu[:, :inter], bias[0]), (dgu[:, inter:], bias[1])]
+
+
+def _wgrad_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route: Route, out_first):
+    dw_gu, dw_d = torch.empty_like(w_gu), torch.empty_like(w_d)  # empty_like keeps a strided weight's strides
+    dw_up = torch.empty_like(w_up) if w_up is not None else x.new_empty(0)
     db_gu = torch.empty_like(b_gu) if b_gu is not None else x.new_empty(0)
     db_d = torch.empty_like(b_d) if b_d is not None else x.new_empty(0)
-    tk.wgrad_gemm(dgu, None, x, route.src, route, out=dw_gu, out_first=out_first,
-                  dbias=db_gu if b_gu is not None else None)  # fmt: skip
+    halves = _gate_up_halves(dgu, db_gu if b_gu is not None else None, w_up)
+    for (g, db), dw in zip(halves, (dw_gu, dw_up), strict=False):
+        tk.wgrad_gemm(g, None, x, route.src, route, out=dw, out_first=out_first, dbias=db)
     tk.wgrad_gemm(dout, route.src, h, None, route, out=dw_d, out_first=out_first, scale=weights,
                   dbias=db_d if b_d is not None else None)  # fmt: skip
-    return dw_gu, dw_d, db_gu, db_d
+    return dw_gu, dw_d, db_gu, db_d, dw_up
 
 
-def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Route, out_first):
+def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route: Route, out_first):
     """The weight gradients as ``torch._grouped_mm`` over the sorted rows (gathered copies of the hidden states
     and of the routing-weighted incoming gradient, one alive at a time; the rounding of :func:`_wgrad_triton`).
     The bias gradients are grouped GEMMs too, a block of ones times each expert's rows (fp32 accumulation, no
-    fp32 copy of the [rows, 2 * intermediate] gradient)."""
+    fp32 copy of the [rows, 2 * intermediate] gradient). Each weight gradient comes back in its weight's layout
+    (the fake's ``empty_like``): a weight stored as the transpose of a contiguous tensor (DBRX's down weight,
+    [in, out] seen as [out, in]) gets the transposed product, no copy."""
     offs = route.offsets[1:]
 
-    def per_expert(a, b):  # [E, a_cols, b_cols] = a_e^T @ b_e, or its transpose
-        return torch._grouped_mm(a.t(), b, offs=offs) if out_first else torch._grouped_mm(b.t(), a, offs=offs)
+    def per_expert(a, b, w):  # [E, a_cols, b_cols] = a_e^T @ b_e, or its transpose, in w's layout
+        lhs, rhs = (a, b) if out_first else (b, a)  # the gradient of each expert's matrix is lhs^T @ rhs
+        if w.stride(-1) == 1:
+            return torch._grouped_mm(lhs.t(), rhs, offs=offs)
+        return torch._grouped_mm(rhs.t(), lhs, offs=offs).transpose(1, 2)
 
     def bias_grad(g, b):
         if b is None:
@@ -144,54 +163,56 @@ def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, dgu, h, route: Rou
         # copies only where the dtypes differ)
         return torch._grouped_mm(ones.t(), g, offs=offs)[:, 0].to(b.dtype).contiguous()
 
-    dw_gu = per_expert(dgu, x[route.src.long()])
+    xs = x[route.src.long()]
+    halves = _gate_up_halves(dgu, None, w_up)
+    dw_gu, *dw_up = [per_expert(g, xs, w) for (g, _), w in zip(halves, (w_gu, w_up), strict=False)]
+    del xs
     db_gu = bias_grad(dgu, b_gu)
     dsc = dout[route.src.long()]
     dsc.mul_(weights.float()[:, None])  # in place: the product in fp32, rounded once to dout's dtype
     dsc = dsc.to(h.dtype)
-    return dw_gu, per_expert(dsc, h), db_gu, bias_grad(dsc, b_d)
+    return dw_gu, per_expert(dsc, h, w_d), db_gu, bias_grad(dsc, b_d), dw_up[0] if dw_up else x.new_empty(0)
 
 
 def _bwd_impl(
     dout: Tensor, x: Tensor, weights: Tensor, w_gu: Tensor, w_d: Tensor, b_gu: Tensor | None, b_d: Tensor | None,
-    gate_up: Tensor, h: Tensor, src: Tensor, dest: Tensor, offsets: Tensor, blocks: Tensor, block_m: int,
-    top_k: int, act: str, limit: float, alpha: float, out_first: bool, backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    w_up: Tensor | None, gate_up: Tensor, h: Tensor, src: Tensor, dest: Tensor, offsets: Tensor, blocks: Tensor,
+    block_m: int, top_k: int, act: str, limit: float, alpha: float, out_first: bool, backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     if backend == "torch":
-        return tm.experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, top_k,
+        return tm.experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k,
                               act, limit, alpha, out_first)  # fmt: skip
     route = Route(src, dest, offsets, blocks, block_m)
-    return _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, route, top_k, act, limit, alpha,
+    return _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, route, top_k, act, limit, alpha,
                        out_first)  # fmt: skip
 
 
-def _bwd_fake(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, *rest):
-    def bias_grad(b):
-        return torch.empty_like(b) if b is not None else x.new_empty(0)
+def _bwd_fake(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, *rest):
+    def maybe(t):  # the gradient of an optional input: empty when it is absent
+        return torch.empty_like(t) if t is not None else x.new_empty(0)
 
     d_weights = torch.empty(weights.shape, dtype=torch.float32, device=x.device)
-    return torch.empty_like(x), d_weights, torch.empty_like(w_gu), torch.empty_like(w_d), bias_grad(b_gu), \
-        bias_grad(b_d)  # fmt: skip
+    return torch.empty_like(x), d_weights, torch.empty_like(w_gu), torch.empty_like(w_d), maybe(b_gu), \
+        maybe(b_d), maybe(w_up)  # fmt: skip
 
 
 experts_bwd = define_op("moe_experts_bwd", _bwd_impl, fake=_bwd_fake)
 
 
 def _setup(ctx, inputs, output):
-    x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, blocks, *consts = inputs
+    x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, blocks, *consts = inputs
     _, gate_up, h = output
-    ctx.save_for_backward(x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, blocks)
+    ctx.save_for_backward(x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, blocks)
     ctx.consts = tuple(consts)
 
 
 def _backward(ctx, dout, _d_gate_up, _d_h):
-    x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, blocks = ctx.saved_tensors
-    dx, d_weights, dw_gu, dw_d, db_gu, db_d = experts_bwd.from_backward(
-        ctx, dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, blocks, *ctx.consts
+    x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, blocks = ctx.saved_tensors
+    dx, d_weights, dw_gu, dw_d, db_gu, db_d, dw_up = experts_bwd.from_backward(
+        ctx, dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, blocks, *ctx.consts
     )
-    db_gu = db_gu if b_gu is not None else None
-    db_d = db_d if b_d is not None else None
-    return (dx, d_weights.to(weights.dtype), dw_gu, dw_d, db_gu, db_d, *([None] * (4 + len(ctx.consts))))
+    optional = [g if t is not None else None for g, t in ((db_gu, b_gu), (db_d, b_d), (dw_up, w_up))]
+    return (dx, d_weights.to(weights.dtype), dw_gu, dw_d, *optional, *([None] * (4 + len(ctx.consts))))
 
 
 experts_fwd = define_op(
@@ -200,8 +221,8 @@ experts_fwd = define_op(
 
 
 def _call(backend: str):
-    def run(x, weights, w_gu, w_d, b_gu, b_d, route: Route, top_k, act, limit, alpha, out_first):
-        out, _, _ = experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, route.src, route.dest, route.offsets,
+    def run(x, weights, w_gu, w_d, b_gu, b_d, w_up, route: Route, top_k, act, limit, alpha, out_first):
+        out, _, _ = experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, route.src, route.dest, route.offsets,
                                 route.blocks, route.block_m, top_k, act, float(limit), float(alpha), out_first,
                                 backend)  # fmt: skip
         return out

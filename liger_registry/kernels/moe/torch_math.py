@@ -4,7 +4,8 @@ record inside a custom op's implementation, so the backward is written out).
 
 Computes what transformers' grouped experts compute, op for op: per expert ``gate_up = x @ W_gu^T (+ b)``, the
 family's gate (``act(gate) * up`` over a ``[gate | up]`` split, or GPT-OSS's clamped SwiGLU over interleaved
-pairs), ``y = h @ W_d^T (+ b)``, ``y * routing weight``, summed over the top-k slots of each token.
+pairs), ``y = h @ W_d^T (+ b)``, ``y * routing weight``, summed over the top-k slots of each token. Separate
+gate and up weights (``w_up``) are joined one expert at a time, never as a whole-weight copy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from ..glu.torch_math import glu_fused_torch, swiglu_clamped_torch, swiglu_limit
 
 def _linear(x: torch.Tensor, w: torch.Tensor, out_first: bool) -> torch.Tensor:
     return F.linear(x, w) if out_first else x @ w
+
+
+def _expert_gate_up(w_gu: torch.Tensor, w_up: torch.Tensor | None, e: int, out_first: bool) -> torch.Tensor:
+    """Expert ``e``'s gate/up matrix: its slice of ``w_gu``, or the gate's and the up's joined (gate first)."""
+    return w_gu[e] if w_up is None else torch.cat([w_gu[e], w_up[e]], 0 if out_first else 1)
 
 
 def _segments(offsets: torch.Tensor):
@@ -60,16 +66,17 @@ def gate_grad(dh: torch.Tensor, gate_up: torch.Tensor, act: str, limit: float, a
     return torch.cat([d * b * dact, d * act_a], -1).to(gate_up.dtype)
 
 
-def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, top_k, act, limit, alpha, out_first):
+def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit, alpha,
+                out_first):  # fmt: skip
     """``(out [T, H], gate_up [S, 2I], h [S, I])``; ``weights``: the routing weight of each sorted row."""
     n_rows = src.shape[0]
     xs = x[src.long()]
-    inter = (w_gu.shape[1] if out_first else w_gu.shape[2]) // 2
+    inter = w_d.shape[2] if out_first else w_d.shape[1]
     gate_up = x.new_empty(n_rows, 2 * inter)
     h = x.new_empty(n_rows, inter)
     y = x.new_empty(n_rows, x.shape[1])
     for e, lo, hi in _segments(offsets):
-        gu = _linear(xs[lo:hi], w_gu[e], out_first)
+        gu = _linear(xs[lo:hi], _expert_gate_up(w_gu, w_up, e, out_first), out_first)
         gate_up[lo:hi] = gu if b_gu is None else gu + b_gu[e]
         h[lo:hi] = gate(gate_up[lo:hi], act, limit, alpha)
         ye = _linear(h[lo:hi], w_d[e], out_first)
@@ -81,10 +88,10 @@ def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, src, dest, offsets, top_k, act
     return out, gate_up, h
 
 
-def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, offsets, top_k, act, limit, alpha,
-                out_first):  # fmt: skip
-    """``(dx, d weights (sorted rows, fp32), d w_gu, d w_d, d b_gu, d b_d)``; a bias gradient is an empty tensor
-    when the experts have no bias."""
+def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k, act, limit,
+                alpha, out_first):  # fmt: skip
+    """``(dx, d weights (sorted rows, fp32), d w_gu, d w_d, d b_gu, d b_d, d w_up)``; the gradient of an absent
+    bias or up weight is an empty tensor."""
     src_l = src.long()
     xs, dys = x[src_l], dout[src_l]
     dx_rows = torch.zeros(src.shape[0], x.shape[1], dtype=dout.dtype, device=x.device)
@@ -92,6 +99,7 @@ def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, o
     dw_gu, dw_d = torch.zeros_like(w_gu), torch.zeros_like(w_d)
     db_gu = torch.zeros_like(b_gu) if b_gu is not None else x.new_empty(0)
     db_d = torch.zeros_like(b_d) if b_d is not None else x.new_empty(0)
+    dw_up = torch.zeros_like(w_up) if w_up is not None else x.new_empty(0)
     for e, lo, hi in _segments(offsets):
         ye = _linear(h[lo:hi], w_d[e], out_first)
         if b_d is not None:
@@ -101,8 +109,13 @@ def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, o
         dh = dy @ w_d[e] if out_first else F.linear(dy, w_d[e])
         dw_d[e] = dy.t() @ h[lo:hi] if out_first else h[lo:hi].t() @ dy
         dgu = gate_grad(dh, gate_up[lo:hi], act, limit, alpha)
-        dx_rows[lo:hi] = dgu @ w_gu[e] if out_first else F.linear(dgu, w_gu[e])
-        dw_gu[e] = dgu.t() @ xs[lo:hi] if out_first else xs[lo:hi].t() @ dgu
+        w_gu_e = _expert_gate_up(w_gu, w_up, e, out_first)
+        dx_rows[lo:hi] = dgu @ w_gu_e if out_first else F.linear(dgu, w_gu_e)
+        dw = dgu.t() @ xs[lo:hi] if out_first else xs[lo:hi].t() @ dgu
+        if w_up is None:
+            dw_gu[e] = dw
+        else:
+            dw_gu[e], dw_up[e] = dw.chunk(2, 0 if out_first else 1)
         if b_gu is not None:
             db_gu[e] = dgu.sum(0)
         if b_d is not None:
@@ -110,4 +123,4 @@ def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, gate_up, h, src, dest, o
     buf = torch.empty_like(dx_rows)
     buf[dest.long()] = dx_rows
     dx = buf.view(-1, top_k, x.shape[1]).sum(1).to(x.dtype)
-    return dx, d_weights, dw_gu, dw_d, db_gu, db_d
+    return dx, d_weights, dw_gu, dw_d, db_gu, db_d, dw_up

@@ -7,13 +7,15 @@ Two kernel shapes serve the four GEMMs of a step and the four of its backward:
   expert with no tokens costs nothing). ``A``'s rows are read through an index when the tokens are gathered
   (the hidden states, the incoming gradient): the gathered copy is never written. The epilogue is the mode's:
 
-  - ``GLU_FWD``: gate and up accumulated side by side (a ``[gate | up]`` split or interleaved pairs), the bias
-    added, both stored (the backward's activation input) and ``act(gate) * up`` stored;
+  - ``GLU_FWD``: gate and up accumulated side by side (a ``[gate | up]`` split or interleaved pairs, or with
+    ``SPLIT`` the up rows read from a second weight of the same strides: DBRX's separate ``w1`` / ``v1``), the
+    bias added, both stored (the backward's activation input) and ``act(gate) * up`` stored;
   - ``SCATTER_WEIGHTED``: the down projection's bias added, times the routing weight, written to the row's
     place in token order (the sum over top-k is one reduction afterwards, deterministic);
   - ``GLU_BWD``: the gradient of the down GEMM's input, then the activation's backward on the saved gate/up and
     the routing weight's gradient (a per-column-block partial of ``dot(G, h)``): one pass;
-  - ``SCATTER``: the input gradient written to the row's place in token order.
+  - ``SCATTER``: the input gradient written to the row's place in token order (``SPLIT``: its K loop in two
+    halves, the gate weight's then the up weight's).
 
 * ``_wgrad_kernel``: ``dW[e, m, n] = sum_{s in e} A[row(s), m] * B[row(s), n]``, the weight gradients, one
   program per expert and output tile, looping over that expert's rows; the bias gradient (the sum of ``A``) comes
@@ -96,9 +98,29 @@ def _prune_rows(configs, named_args, **kwargs):
     return configs
 
 
+@triton.jit
+def _k_loop(
+    acc, A, arow, stride_a, a_col0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
+    PREC: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """``acc += A[arow, a_col0 + k] @ B[k, bcols]`` over ``k`` in ``[0, K)``: one weight's share of a GEMM."""
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        kmask = ks < K
+        a = tl.load(
+            A + arow[:, None] * stride_a + a_col0 + ks[None, :],
+            mask=rmask[:, None] & kmask[None, :],
+            other=0.0,
+        )
+        b_ptr = b_base + bcols[None, :] * stride_bn + ks[:, None] * stride_bk
+        b = tl.load(b_ptr, mask=kmask[:, None] & bcmask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    return acc
+
+
 @triton.autotune(
     _rows_configs(),
-    key=["N", "K", "MODE", "BM", "STEP"],
+    key=["N", "K", "MODE", "BM", "STEP", "SPLIT"],
     prune_configs_by={"early_config_prune": _prune_rows},
     # the routing weight's partials: one row per column block, and the block differs per config; each trial
     # starts from the zeros the launcher gives, so rows a wider block leaves unwritten stay zero
@@ -107,13 +129,13 @@ def _prune_rows(configs, named_args, **kwargs):
 @triton.jit
 def _rows_kernel(
     A, stride_a, A_IDX,
-    B, stride_be, stride_bn, stride_bk,
+    B, B2, stride_be, stride_bn, stride_bk,
     BIAS, stride_bias,
     C, stride_c, C2, stride_c2,
     DEST, W, AUX, stride_aux, PART, stride_part,
     BLOCKS, n_blocks, N, K, limit, alpha,
     MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-    UP_OFF: tl.constexpr, STEP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
+    UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
     pid_m, pid_n = _swizzle(tl.program_id(0), n_blocks, tl.cdiv(N, BN), GROUP_M)
@@ -135,20 +157,33 @@ def _rows_kernel(
     WIDE: tl.constexpr = 2 if (GATE_UP and STEP == 2) else 1  # interleaved pairs: one [BK, 2 BN] tile
     bcols = pid_n * BN * WIDE + tl.arange(0, BN * WIDE)
     bcmask = bcols < N * WIDE
+    # the up rows: UP_OFF rows past the gate's in the one weight, or the same rows of the second (SPLIT)
+    up_base = B2 + e.to(tl.int64) * stride_be if SPLIT else b_base + UP_OFF * stride_bn
     acc = tl.zeros((BM, BN * WIDE), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        ks = k0 + tl.arange(0, BK)
-        kmask = ks < K
-        a = tl.load(
-            A + arow[:, None] * stride_a + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0
-        )
-        bmask = kmask[:, None] & bcmask[None, :]
-        b_ptr = b_base + bcols[None, :] * stride_bn + ks[:, None] * stride_bk
-        acc = tl.dot(a, tl.load(b_ptr, mask=bmask, other=0.0), acc, input_precision=PREC)
-        if GATE_UP and STEP == 1:
-            b_up = tl.load(b_ptr + UP_OFF * stride_bn, mask=bmask, other=0.0)
-            acc_up = tl.dot(a, b_up, acc_up, input_precision=PREC)
+    if GATE_UP:
+        for k0 in range(0, K, BK):
+            ks = k0 + tl.arange(0, BK)
+            kmask = ks < K
+            a = tl.load(
+                A + arow[:, None] * stride_a + ks[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0
+            )
+            bmask = kmask[:, None] & bcmask[None, :]
+            b_off = bcols[None, :] * stride_bn + ks[:, None] * stride_bk
+            acc = tl.dot(a, tl.load(b_base + b_off, mask=bmask, other=0.0), acc, input_precision=PREC)
+            if STEP == 1:
+                b_up = tl.load(up_base + b_off, mask=bmask, other=0.0)
+                acc_up = tl.dot(a, b_up, acc_up, input_precision=PREC)
+    elif SPLIT:
+        # dX = dgu @ [W_gate | W_up]: dgu's gate columns times the gate weight, its up columns the up weight
+        half = K // 2
+        acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, half,
+                      PREC, BK)  # fmt: skip
+        acc = _k_loop(acc, A, arow, stride_a, half, rmask, up_base, stride_bn, stride_bk, bcols, bcmask, half,
+                      PREC, BK)  # fmt: skip
+    else:
+        acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
+                      PREC, BK)  # fmt: skip
     mask = rmask[:, None] & cmask[None, :]
     DT = C.dtype.element_ty
     if MODE == 0:
@@ -279,6 +314,7 @@ def rows_gemm(
     *,
     out: torch.Tensor,
     out2: torch.Tensor | None = None,
+    w_up: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     aux: torch.Tensor | None = None,
@@ -289,7 +325,12 @@ def rows_gemm(
 ) -> None:
     """One ``_rows_kernel`` launch over every expert (see the module docstring for the modes). ``w``: the stacked
     weight, ``out_first``: whether its per-expert matrix is [n, k] (else [k, n]); ``n``: output columns (the
-    intermediate size for the GLU modes)."""
+    intermediate size for the GLU modes). ``w_up``: the up weight when ``w`` holds only the gate's (same shape and
+    strides; GLU_FWD and SCATTER)."""
+    if w_up is not None and w_up.stride() != w.stride():
+        raise ValueError(
+            f"rows_gemm: the up weight's strides {w_up.stride()} are not its gate's {w.stride()}"
+        )
     k = a.shape[1]
     n_blocks = route.blocks.shape[1]
     up_off, step = (1, 2) if act == "clamped_swiglu" else (n, 1)  # GPT-OSS's pairs interleave, as in glu
@@ -300,7 +341,7 @@ def rows_gemm(
 
     _rows_kernel[grid](
         a, a.stride(0), a_idx if a_idx is not None else dummy,
-        w, *_nk_strides(w, out_first),
+        w, w_up if w_up is not None else w, *_nk_strides(w, out_first),
         bias if bias is not None else dummy, bias.stride(0) if bias is not None else 0,
         out, out.stride(0), out2 if out2 is not None else dummy, out2.stride(0) if out2 is not None else 0,
         route.dest, weights if weights is not None else dummy,
@@ -308,7 +349,7 @@ def rows_gemm(
         part if part is not None else dummy, part.stride(0) if part is not None else 0,
         route.blocks, n_blocks, n, k, float(limit), float(alpha),
         MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, ACT=ACT_CODES[act],
-        UP_OFF=up_off, STEP=step, PREC=_precision(w), BM=route.block_m,
+        UP_OFF=up_off, STEP=step, SPLIT=w_up is not None, PREC=_precision(w), BM=route.block_m,
     )  # fmt: skip
 
 
