@@ -4,11 +4,12 @@
 Shapes (each at 4096 and 16384 tokens, --tokens): Qwen3-30B-A3B (128 experts, top-8, hidden 2048, expert
 intermediate 768, SiLU), Mixtral-8x7B (8 experts, top-2, hidden 4096, intermediate 14336, SiLU) and GPT-OSS-20B
 (32 experts, top-4, hidden 2880, intermediate 2880, clamped SwiGLU over interleaved gate/up pairs, biases,
-transposed [E, in, out] weights). Each shape's transformers experts module (Qwen3MoeExperts, MixtralExperts,
-GptOssExperts) is built from its config class, bf16 on the GPU, weights ~ N(0, 0.02^2) with a fixed seed; the
+transposed [E, in, out] weights) and DBRX-132B (16 experts, top-4, hidden 6144, intermediate 10752, SiLU; its
+own experts loop, gate/up/down as 2-D per-expert parameters, no experts_implementation). Each shape's transformers
+experts module (Qwen3MoeExperts, MixtralExperts, GptOssExperts, DbrxExperts) is built from its config class, bf16 on the GPU, weights ~ N(0, 0.02^2) with a fixed seed; the
 routing is random: router logits ~ N(0, 1) -> the family's own softmax / top-k / renormalisation (Qwen3:
 softmax, top-k, renormalised (norm_topk_prob), weights cast to bf16; Mixtral: the same, weights kept fp32;
-GPT-OSS: top-k of the logits, softmax over the k). One module per shape serves every method (same weights).
+GPT-OSS: top-k of the logits, softmax over the k; DBRX: softmax and top-k in bf16, L1-renormalised). One module per shape serves every method (same weights).
 
 Methods: `hf:<name>` for "eager" and each key of transformers.integrations.moe.ALL_EXPERTS_FUNCTIONS
 (module.config._experts_implementation = name; one that raises, e.g. deepgemm / sonicmoe without their hub
@@ -28,7 +29,7 @@ fails). The same FLOPs as dense bf16 GEMMs ([T*K, H] x [H, 2I] and [T*K, I] x [I
 same run. Ratios (time, lower is better for ours): ours / fastest transformers implementation, ours / liger,
 ours / dense. JSON under $OUT (or benchmarks/results/, --out); the table is printed last.
 
-Usage: python benchmarks/bench_moe.py [--shapes qwen3_moe,mixtral,gpt_oss] [--tokens 4096,16384]
+Usage: python benchmarks/bench_moe.py [--shapes qwen3_moe,mixtral,gpt_oss,dbrx] [--tokens 4096,16384]
                                       [--methods hf:eager,hf:grouped_mm,liger,ours] [--warmup 5] [--iters 20]
        python benchmarks/bench_moe.py --cpu-smoke    # tiny dims, fp32, CPU, 1 iteration: checks the script
 """
@@ -95,6 +96,24 @@ SHAPES = {
         smoke=dict(hidden_size=64, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
         gate="clamped_swiglu",  # ours: the gate the family's registry entry names (default swiglu)
     ),
+    "dbrx": dict(
+        label="DBRX-132B",
+        module="transformers.models.dbrx.modeling_dbrx",
+        config="DbrxFFNConfig",
+        experts="DbrxExperts",
+        dims=dict(hidden_size=6144, ffn_hidden_size=10752, moe_num_experts=16, moe_top_k=4),
+        smoke=dict(hidden_size=64, ffn_hidden_size=96, moe_num_experts=4, moe_top_k=2),
+        # ours: the options dbrx.yaml gives moe_experts (2-D w1/v1/w2 of its mlp, w2 stored [in, out])
+        layout=dict(
+            gate_up="w1",
+            up="v1",
+            down="w2",
+            down_layout="in_out",
+            weights_of="mlp",
+            act_fn="activation_fn",
+            output="batch_first",
+        ),
+    ),
 }
 REFERENCES = ("hf:eager", "hf:grouped_mm")  # the first of these that runs is the correctness reference
 SKIP_ERRORS = ("ImportError", "ModuleNotFoundError", "OutOfMemoryError", "NotImplementedError", "Skip")
@@ -130,7 +149,8 @@ def experts_module(shape: str, smoke: bool, device: str, dtype: torch.dtype, see
     spec = SHAPES[shape]
     modeling = importlib.import_module(spec["module"])
     dims = {**spec["dims"], **(spec["smoke"] if smoke else {})}
-    config = getattr(modeling, spec["config"])(**dims)
+    configs = importlib.import_module(spec["module"].replace(".modeling_", ".configuration_"))
+    config = getattr(configs, spec["config"])(**dims)
     torch.manual_seed(seed)
     with torch.device(device):
         module = getattr(modeling, spec["experts"])(config).to(dtype)
@@ -140,11 +160,15 @@ def experts_module(shape: str, smoke: bool, device: str, dtype: torch.dtype, see
     return module.train(), config
 
 
+def _first(config, *names: str):
+    return next(getattr(config, n) for n in names if getattr(config, n, None) is not None)
+
+
 def dims_of(config) -> tuple[int, int, int, int]:
     """(experts E, top-k K, hidden H, expert intermediate I)."""
-    e = getattr(config, "num_experts", None) or config.num_local_experts
-    inter = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    return e, config.num_experts_per_tok, config.hidden_size, inter
+    e = _first(config, "num_experts", "num_local_experts", "moe_num_experts")
+    inter = _first(config, "moe_intermediate_size", "intermediate_size", "ffn_hidden_size")
+    return e, _first(config, "num_experts_per_tok", "moe_top_k"), config.hidden_size, inter
 
 
 def route(shape: str, logits: torch.Tensor, k: int, norm_topk_prob: bool):
@@ -152,6 +176,11 @@ def route(shape: str, logits: torch.Tensor, k: int, norm_topk_prob: bool):
     if shape == "gpt_oss":  # GptOssTopKRouter: top-k of the logits, softmax over the k, in the logits' dtype
         top, idx = torch.topk(logits, k, dim=-1)
         return idx, torch.softmax(top, dim=1, dtype=top.dtype)
+    if (
+        shape == "dbrx"
+    ):  # DbrxFFN.route_tokens_to_experts: softmax and top-k in the logits' dtype, L1-normalised
+        top, idx = torch.topk(torch.softmax(logits, dim=1, dtype=logits.dtype), k, dim=-1)
+        return idx, top / torch.norm(top, p=1.0, dim=-1, keepdim=True)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
     top, idx = torch.topk(probs, k, dim=-1)
     if shape == "mixtral" or norm_topk_prob:  # MixtralTopKRouter always renormalises and keeps fp32
@@ -191,14 +220,20 @@ def transformers_impls() -> tuple[list[str], list[str]]:
 
 def hf_method(name: str):
     def fn(module, x, idx, w):
-        module.config._experts_implementation = name
-        return module(x, idx, w)
+        config = getattr(module, "config", None)
+        if config is None and name != "eager":  # DbrxExperts: its own loop, no experts implementations
+            raise Skip(f"{type(module).__name__} has no experts_implementation {name!r}")
+        if config is not None:
+            config._experts_implementation = name
+        return module(x, idx, w).reshape(x.shape)
 
     return fn
 
 
 def liger_method(module, shape: str):
     """LigerExperts.forward run on the transformers module: what liger's apply_liger_kernel_to_* installs."""
+    if shape == "dbrx":
+        raise Skip("no liger-kernel experts kernel for DBRX (apply_liger_kernel_to_* has no dbrx)")
     if getattr(module, "has_bias", False) or getattr(module, "is_transposed", False) or shape == "gpt_oss":
         raise Skip(
             "no liger-kernel experts kernel for biases / transposed weights / clamped SwiGLU "
@@ -221,14 +256,14 @@ def ours_method(shape: str | None = None):
     """experts_forward(module, hidden_states, top_k_index, top_k_weights[, gate=the family's gate])."""
     from liger_registry.modules.moe import experts_forward
 
-    gate = SHAPES[shape].get("gate") if shape else None
-    if gate is None:
-        return experts_forward
-    if "gate" not in inspect.signature(experts_forward).parameters:
-        raise Skip(f"experts_forward takes no gate= argument: cannot ask it for {gate}")
+    spec = SHAPES[shape] if shape else {}
+    options = {**({"gate": spec["gate"]} if "gate" in spec else {}), **spec.get("layout", {})}
+    missing = set(options) - set(inspect.signature(experts_forward).parameters)
+    if missing:
+        raise Skip(f"experts_forward takes no {', '.join(sorted(missing))}: cannot run this shape's layout")
 
     def fn(module, x, idx, w):
-        return experts_forward(module, x, idx, w, gate=gate)
+        return experts_forward(module, x, idx, w, **options).reshape(x.shape)
 
     return fn
 

@@ -353,3 +353,16 @@ def test_step_ours_tp_is_opt_in_and_reported_against_liger() -> None:
     assert any(
         "ours_tp/liger 1.160" in line for line in step.table_lines([row], ["liger", "ours", "ours_tp"])
     )
+
+
+def test_moe_cpu_smoke_serves_every_shape(tmp_path: Path) -> None:
+    """bench_moe's CPU smoke: ours against transformers' eager experts at every shape (DBRX: its own loop and
+    2-D per-expert weights), output and every gradient."""
+    _run("bench_moe.py", "--cpu-smoke", "--methods", "hf:eager,ours", "--out", str(tmp_path), out=tmp_path)
+    rows = json.loads((tmp_path / "bench_moe_smoke.json").read_text())["rows"]
+    assert {r["shape"] for r in rows} == {"qwen3_moe", "mixtral", "gpt_oss", "dbrx"}
+    for row in rows:
+        ours = row["methods"]["ours"]
+        assert "error" not in ours, (row["shape"], ours.get("error"))
+        assert ours["max_rel_diff"] < 1e-5, (row["shape"], ours["rel_diff"])
+        assert "d_mlp.v1" in ours["rel_diff"] or row["shape"] != "dbrx"  # the separate up weight's gradient
