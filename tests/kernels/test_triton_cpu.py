@@ -315,6 +315,20 @@ def test_glu_in_place_backward_writes_the_gradients_over_gate_and_up(name):
         torch.autograd.grad(y, [gate, up], dy)  # the saved activations are gone: a second backward refuses
 
 
+def test_glu_in_place_backward_never_writes_over_a_leaf():
+    gate = torch.randn(4, 40, generator=_g()).requires_grad_()
+    up = torch.randn(4, 40, generator=_g(1)).requires_grad_()
+    before = gate.detach().clone(), up.detach().clone()
+    y = K.swiglu(gate, up, in_place_backward=True)
+    dy = torch.randn(y.shape, generator=_g(2))
+    y.backward(dy)
+    assert torch.equal(gate.detach(), before[0]) and torch.equal(up.detach(), before[1])
+    ref = [t.clone().requires_grad_() for t in before]
+    want = torch.autograd.grad(glu_math.swiglu_torch(*ref), ref, dy)
+    _close(gate.grad, want[0], 1e-5)
+    _close(up.grad, want[1], 1e-5)
+
+
 @pytest.mark.parametrize("layout", ["same tensor", "strided halves"])
 def test_glu_in_place_backward_of_shared_or_strided_inputs_is_out_of_place(layout):
     x = torch.randn(4, 80, generator=_g()).requires_grad_()

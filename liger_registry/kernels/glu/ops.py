@@ -72,7 +72,9 @@ def _glu_backward_in_place(ctx, dc):
     gradients as activations."""
     gate, up = ctx.saved_tensors
     kind, gate_multiplier, down_multiplier, backend = ctx.args
-    fits = backend == "triton" and gate.is_contiguous() and up.is_contiguous() and _disjoint(gate, up)
+    # a leaf (a parameter, a user's tensor) is read after the backward: never written over
+    own = not (gate.is_leaf or up.is_leaf) and _disjoint(gate, up)
+    fits = backend == "triton" and gate.is_contiguous() and up.is_contiguous() and own
     if not fits:
         return _glu_backward(ctx, dc)
     tk.glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier, out=(gate, up))
