@@ -2,7 +2,9 @@
 grouped-GEMM kernel, its parameters read in place (names, state dict, PEFT and FSDP untouched): a transformers
 experts module (``use_experts_implementation``: stacked gate/up and down weights, the gate its ``_apply_gate``),
 or one the spec describes (DbrxExperts: separate 2-D gate, up and down weights in its ``mlp``, the down stored
-[in, out], the gate an activation module). The router and everything around the experts stay transformers' code."""
+[in, out], the gate an activation module). The router and everything around the experts stay transformers' code,
+except for a block whose experts run on inputs scaled by dense router scores (Llama4TextMoe, routing
+``input_scaled``): there the block's forward is replaced, calling its own router and shared expert."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from liger_registry.schemas.kernels import MOE_GATES
 OWN_GATES = ("clamped_swiglu", "limited_swiglu")
 # what an experts class that is not a transformers experts module must take (DbrxExperts does)
 ROUTED_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
+# what a block with routing input_scaled takes (Llama4TextMoe)
+BLOCK_ARGS = ("hidden_states",)
 
 _UNSERVED = {
     "has_gate": (False, "ungated experts (act_fn(up) only)"),
@@ -98,6 +102,7 @@ def experts_forward(
     num_experts: str = "num_experts",
     act_fn: str | None = None,
     output: str = "input_shape",
+    transposed: bool | None = None,
 ) -> torch.Tensor:
     """What ``module``'s experts forward returns, computed by :func:`~liger_registry.kernels.moe.moe_experts`; the
     keyword options are :class:`~liger_registry.schemas.MoeExpertsSpec`'s."""
@@ -127,7 +132,7 @@ def experts_forward(
         act=gate,
         limit=module.limit if clamped else 0.0,
         alpha=module.alpha if gate == "clamped_swiglu" else 0.0,
-        transposed=getattr(module, "is_transposed", False),
+        transposed=getattr(module, "is_transposed", False) if transposed is None else transposed,
         up_proj=_weight(module, holder, up, num_experts) if up is not None else None,
     )
     if output == "batch_first":  # DbrxExperts.forward's view(batch_size, -1, hidden)
@@ -135,15 +140,46 @@ def experts_forward(
     return out.view(hidden_states.shape)
 
 
+def input_scaled_forward(
+    block: nn.Module, hidden_states: torch.Tensor, gate: str, gate_up: str, down: str, **options
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a Llama4TextMoe-like block returns, ``(out, router_logits)``, with only the selected experts run.
+
+    The block's router gives dense scores [T, E] (the sigmoid of the top-k logits, zero elsewhere) and the block
+    runs every expert on every token's input scaled by its score: an unselected expert sees zeros and adds
+    act(0) * 0 = 0. So each of the ``top_k`` selected (token, expert) pairs becomes one row of scaled input
+    (rounded as the block rounds its product), routed to its expert with weight 1, and a token's rows are summed.
+    The router is the block's own module (its outputs recorded as unpatched); the selection is its top-k."""
+    h = hidden_states.shape[-1]
+    x = hidden_states.reshape(-1, h)
+    scores, router_logits = block.router(x)
+    k = block.top_k
+    index = router_logits.topk(k, dim=1).indices
+    scaled = (x.unsqueeze(1) * scores.gather(1, index).unsqueeze(-1)).reshape(-1, h)
+    ones = torch.ones(scaled.shape[0], 1, dtype=scores.dtype, device=scores.device)
+    routed = experts_forward(block, scaled, index.reshape(-1, 1), ones, gate, gate_up, down, **options)
+    if k > 1:
+        routed = routed.view(x.shape[0], k, h).sum(1)
+    out = block.shared_expert(x)
+    out.add_(routed)
+    return out, router_logits
+
+
 def _options(spec: MoeExpertsSpec) -> dict:
     """The spec's layout options, as :func:`experts_forward` takes them."""
-    names = ("up", "down_layout", "weights_of", "num_experts", "act_fn", "output")
+    names = ("up", "down_layout", "weights_of", "num_experts", "act_fn", "output", "transposed")
     return {name: getattr(spec, name) for name in names}
 
 
 @makes("moe_experts")
 def moe_experts_forward(spec: MoeExpertsSpec) -> Callable:
     gate, gate_up, down, options = spec.gate, spec.gate_up, spec.down, _options(spec)
+    if spec.routing == "input_scaled":
+
+        def block_forward(self, hidden_states):
+            return input_scaled_forward(self, hidden_states, gate, gate_up, down, **options)
+
+        return block_forward
 
     # GptOssExperts names the routing arguments router_indices / routing_weights; the others top_k_index /
     # top_k_weights: a caller passing them by keyword reaches the kernel under either name.
@@ -187,15 +223,28 @@ def _gate_problem(spec: MoeExpertsSpec, cls: type) -> str | None:
 
 def _described_problem(spec: MoeExpertsSpec, cls: type) -> str | None:
     """Another experts class is served when the spec names its activation module and it takes the routed
-    arguments (DbrxExperts)."""
+    arguments (DbrxExperts), or, with routing input_scaled, the hidden states alone (Llama4TextMoe)."""
     if spec.act_fn is None:
         return (
             f"{cls.__name__} is not a transformers experts module (use_experts_implementation), and the spec names "
             "no act_fn (its activation module) to serve it by"
         )
     args = tuple(inspect.signature(cls.forward).parameters)[1:]
-    if args != ROUTED_ARGS:
-        return f"{cls.__name__}.forward takes ({', '.join(args)}), not ({', '.join(ROUTED_ARGS)})"
+    want = BLOCK_ARGS if spec.routing == "input_scaled" else ROUTED_ARGS
+    if args != want:
+        return f"{cls.__name__}.forward takes ({', '.join(args)}), not ({', '.join(want)})"
+    return None
+
+
+def _block_problem(block: nn.Module) -> str | None:
+    """What an input_scaled block must hold besides its experts: its router, top_k and shared expert."""
+    cls = type(block).__name__
+    missing = [a for a in ("router", "shared_expert") if not isinstance(getattr(block, a, None), nn.Module)]
+    if missing:
+        return f"{cls} has no {' or '.join(missing)} module (routing input_scaled runs the block's own)"
+    top_k = getattr(block, "top_k", None)
+    if not isinstance(top_k, int) or top_k <= 0:
+        return f"{cls}.top_k is {top_k!r}, not the number of experts each token selects"
     return None
 
 
@@ -204,6 +253,8 @@ def _module_problem(spec: MoeExpertsSpec, module: nn.Module) -> str | None:
     cls = type(module).__name__
     if problems := _unserved(module):
         return f"{cls}: {', '.join(problems)} not served"
+    if spec.routing == "input_scaled" and (problem := _block_problem(module)):
+        return problem
     holder = module if spec.weights_of is None else getattr(module, spec.weights_of, None)
     if not isinstance(holder, nn.Module):
         return f"{cls}.{spec.weights_of} is not a module holding the expert weights"
@@ -222,7 +273,7 @@ def moe_experts_problem(spec: MoeExpertsSpec, entry, target, resolve_class) -> s
     split gate for swiglu / geglu, the class's own for the OWN_GATES), or another class taking the routed
     arguments whose activation module the spec names (``act_fn``); on a module, its weights and activation too."""
     cls = target if isinstance(target, type) else type(target)
-    if is_experts_implementation(cls):
+    if is_experts_implementation(cls) and spec.routing == "top_k":
         problem = _gate_problem(spec, cls)
     else:
         problem = _described_problem(spec, cls)

@@ -329,6 +329,69 @@ def decide_moe_experts(captured: Captured, config: Any) -> Verdict:
     return verdict
 
 
+def is_input_scaled_block_candidate(cls: type, module: nn.Module) -> bool:
+    """A MoE block that runs its experts on router-scaled inputs itself (Llama4TextMoe): forward(hidden_states), a
+    router, an experts submodule holding stacked 3-D gate_up_proj / down_proj weights and an act_fn, a shared
+    expert and top_k."""
+    from liger_registry.modules.moe import BLOCK_ARGS
+
+    experts = getattr(module, "experts", None)
+    return (
+        tuple(inspect.signature(cls.forward).parameters)[1:] == BLOCK_ARGS
+        and all(
+            isinstance(getattr(module, a, None), nn.Module) for a in ("router", "experts", "shared_expert")
+        )
+        and isinstance(getattr(module, "top_k", None), int)
+        and all(
+            getattr(getattr(experts, w, None), "dim", lambda: 0)() == 3 for w in ("gate_up_proj", "down_proj")
+        )
+        and isinstance(getattr(experts, "act_fn", None), nn.Module)
+    )
+
+
+def _block_error(block: nn.Module, x: torch.Tensor, gate: str, transposed: bool) -> float:
+    from liger_registry.modules.moe import input_scaled_forward
+
+    options = {"weights_of": "experts", "act_fn": "act_fn", "transposed": transposed}
+    with torch.no_grad():
+        try:
+            got, _ = input_scaled_forward(block, x, gate, "gate_up_proj", "down_proj", **options)
+        except (TypeError, ValueError, NotImplementedError, AttributeError, RuntimeError):
+            return float("inf")
+        return rel_err(got, block(x)[0])
+
+
+def decide_input_scaled_block(captured: Captured, config: Any) -> Verdict:
+    """moe_experts with routing input_scaled when running only the selected experts on the scaled inputs
+    reproduces the block's own forward (fp32, the pass's hidden states) with a split gate and either weight
+    layout."""
+    from liger_registry.schemas.kernels import MOE_GATES
+
+    name = captured.cls.__name__
+    verdict = Verdict("moe_experts", captured.target or name)
+    hidden = captured.instances[0].experts.down_proj.shape[-1]
+    x = _input(captured, 0, hidden)
+    tried = {}
+    for gate in ("swiglu", "geglu"):
+        for transposed in (False, True):
+            tried[gate, transposed] = max(
+                _block_error(m, x, gate, transposed) for m in captured.instances[:3]
+            )
+            if tried[gate, transposed] <= FP32_TOL:
+                spec = {"routing": "input_scaled", "weights_of": "experts", "act_fn": "act_fn"}
+                spec |= {"transposed": True} if transposed else {}
+                attr = next(
+                    (a for a in ACT_CONFIG_ATTRS if getattr(config, a, None) in MOE_GATES[gate]), None
+                )
+                spec |= {} if gate == "swiglu" else {"gate": gate}
+                spec |= {} if attr == "hidden_act" else {"act_config_attr": attr}
+                verdict.spec = spec
+                return verdict
+    shown = ", ".join(f"{g}{' transposed' if t else ''} {e:.2g}" for (g, t), e in tried.items())
+    verdict.reason = f"the selected experts on scaled inputs do not reproduce {name}.forward ({shown})"
+    return verdict
+
+
 def glu_projections(module: nn.Module) -> tuple[str, str, str] | None:
     for names in GLU_PROJECTIONS:
         if all(isinstance(getattr(module, n, None), nn.Linear) for n in names):

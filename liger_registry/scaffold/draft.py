@@ -350,6 +350,11 @@ def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
     return notes
 
 
+def _input_scaled_blocks(model: nn.Module) -> dict[str, Captured]:
+    found = module_classes(model, lambda cls: "Moe" in cls.__name__ or "MoE" in cls.__name__)
+    return {n: c for n, c in found.items() if decide.is_input_scaled_block_candidate(c.cls, c.instances[0])}
+
+
 def _activations(model: nn.Module) -> dict[str, Captured]:
     return module_classes(model, decide.is_relu_squared_candidate)
 
@@ -364,9 +369,11 @@ def norm_and_mlp_verdicts(
 ) -> tuple[list[decide.Verdict], list[str]]:
     norms, mlps, activations = _leaf_norms(model), _gated_mlps(model), _activations(model)
     experts = module_classes(model, decide.is_experts_candidate)
-    for captured in (*norms.values(), *mlps.values(), *activations.values(), *experts.values()):
+    blocks = _input_scaled_blocks(model)
+    found = {**norms, **mlps, **activations, **experts, **blocks}
+    for captured in found.values():
         captured.target = target_name(captured.cls, source.module)
-    capture_inputs(model, {**norms, **mlps, **activations, **experts}, run)
+    capture_inputs(model, found, run)
     verdicts = []
     for captured in norms.values():
         has_bias = isinstance(getattr(captured.instances[0], "bias", None), nn.Parameter)
@@ -379,6 +386,7 @@ def norm_and_mlp_verdicts(
     verdicts += [decide.decide_glu(captured, config) for captured in mlps.values()]
     verdicts += [v for c in activations.values() if (v := decide.decide_relu_squared(c)) is not None]
     verdicts += [decide.decide_moe_experts(captured, config) for captured in experts.values()]
+    verdicts += [decide.decide_input_scaled_block(captured, config) for captured in blocks.values()]
     for captured in _clamped_gates(model).values():
         captured.target = target_name(captured.cls, source.module)
         verdicts.append(decide.decide_clamped_gate(captured))

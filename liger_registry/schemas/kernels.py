@@ -253,6 +253,22 @@ class MoeExpertsSpec(ModuleKernelSpec):
         "modules, given [T, H]); batch_first, [hidden_states.shape[0], -1, H] (DbrxExperts.forward, given the "
         "decoder's [B, S, H]).",
     )
+    transposed: StrictBool | None = Field(
+        default(MOE_EXPERTS + "transposed"),
+        description="Whether the weights are stored [in, out] (gate/up [E, H, 2I], down [E, I, H], as "
+        "Llama4TextExperts multiplies them: x @ w); null: the experts module's is_transposed flag (transformers' "
+        "experts modules), [out, in] without one.",
+    )
+    routing: Literal["top_k", "input_scaled"] = Field(
+        default(MOE_EXPERTS + "routing"),
+        description="What the target is. top_k: an experts module called with the router's top-k indices and "
+        "weights, each expert's output scaled by its weight (transformers' experts modules, DbrxExperts). "
+        "input_scaled: a whole MoE block (Llama4TextMoe: forward(hidden_states) -> (out, router_logits)) whose "
+        "`router` gives dense per-expert scores (zero where not selected) and which scales each expert's input by "
+        "its score, runs every expert on every token and adds its `shared_expert`: the kernel runs only the "
+        "`top_k` selected experts, on the scaled inputs (the others compute act(0) * 0 = 0 there). `weights_of` "
+        "names the experts submodule.",
+    )
     act_config_attr: str | list[str] | None = Field(
         default(MOE_EXPERTS + "act_config_attr"),
         description="Config attribute naming the experts' activation, checked against the gate (see GluSpec); "
@@ -271,6 +287,13 @@ class MoeExpertsSpec(ModuleKernelSpec):
         if self.up is not None and self.gate == "clamped_swiglu":
             raise ValueError(
                 f"up {self.up!r}: separate up weights feed a [gate | up] gate, not clamped_swiglu"
+            )
+        if self.routing == "input_scaled" and (
+            self.weights_of is None or self.gate not in ("swiglu", "geglu")
+        ):
+            raise ValueError(
+                "routing input_scaled runs a block's experts submodule: name it in weights_of, with a swiglu or "
+                f"geglu gate (got weights_of {self.weights_of!r}, gate {self.gate!r})"
             )
         if self.act_fn is not None and self.gate not in ("swiglu", "geglu"):
             raise ValueError(

@@ -1,8 +1,9 @@
 """The moe_experts forward on transformers' own experts modules (Qwen3-MoE: split gate; GPT-OSS: clamped
 interleaved gate, transposed weights, biases) against the module's own forward under every experts
 implementation the installed release offers that runs on CPU; DBRX's experts (separate 2-D gate and up weights in a
-submodule, the down stored [in, out]) against theirs, and its tiny model patched against unpatched; the check that
-refuses a wrong gate; what the forward refuses with a reason."""
+submodule, the down stored [in, out]) against theirs, and its tiny model patched against unpatched; Llama 4's MoE
+block (every expert on every token, inputs scaled by dense router scores) against its own forward, and its tiny
+model patched against unpatched; the check that refuses a wrong gate; what the forward refuses with a reason."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from transformers.models.dbrx import modeling_dbrx
 from transformers.models.dbrx.configuration_dbrx import DbrxFFNConfig
 from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
+from transformers.models.llama4 import modeling_llama4
+from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
 from transformers.models.qwen3_moe import modeling_qwen3_moe
 from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
 
@@ -134,7 +137,7 @@ def test_routing_arguments_by_keyword_under_either_name(monkeypatch):
         module(x)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral", "dbrx"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral", "dbrx", "llama4_text"])
 def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch):
     """apply() on a tiny model: every experts module's forward goes through moe_experts (counted), and revert
     gives transformers' forward back."""
@@ -250,3 +253,73 @@ def test_dbrx_tiny_model_patched_matches_unpatched(backend):
         torch.testing.assert_close(
             grads[name].grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+def _llama4_block(top_k: int) -> torch.nn.Module:
+    config = Llama4TextConfig(
+        hidden_size=32,
+        intermediate_size=24,
+        intermediate_size_mlp=48,
+        num_local_experts=5,
+        num_experts_per_tok=top_k,
+    )
+    return _init(modeling_llama4.Llama4TextMoe(config))
+
+
+def _llama4_spec() -> MoeExpertsSpec:
+    return load_registry().families["llama4_text"].entry.kernels.moe_experts
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_llama4_block_matches_its_own_forward(backend, top_k, monkeypatch):
+    """The registry's llama4 spec on Llama4TextMoe (only the selected experts run, on the score-scaled inputs):
+    the output, the router logits it returns and every gradient (router and shared expert included), fp32."""
+    block = _llama4_block(top_k)
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    want, want_logits = block(x)
+    monkeypatch.setattr(modeling_llama4.Llama4TextMoe, "forward", moe_experts_forward(_llama4_spec()))
+    got, got_logits = block(x)
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [x, *block.parameters()]
+    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_check_serves_the_llama4_block_and_says_why_not():
+    spec = _llama4_spec()
+    assert moe_experts_problem(spec, None, modeling_llama4.Llama4TextMoe, None) is None
+    assert moe_experts_problem(spec, None, _llama4_block(1), None) is None
+    no_shared = _llama4_block(1)
+    del no_shared.shared_expert
+    assert "no shared_expert module" in moe_experts_problem(spec, None, no_shared, None)
+    experts_only = _llama4_block(1).experts  # takes the block's argument, but holds no router
+    assert "no router or shared_expert module" in moe_experts_problem(spec, None, experts_only, None)
+    as_experts = moe_experts_problem(spec, None, modeling_qwen3_moe.Qwen3MoeExperts, None)
+    assert "takes (hidden_states, top_k_index, top_k_weights), not (hidden_states)" in as_experts
+    with pytest.raises(ValueError, match="name it in weights_of"):
+        MoeExpertsSpec(targets=["X"], routing="input_scaled", act_fn="act_fn")
+
+
+def test_llama4_tiny_model_patched_matches_unpatched(backend):
+    """The tiny Llama 4 text model with its registry entry: its MoE blocks on the kernel, the loss and every
+    gradient those of the unpatched model (fp32)."""
+    import copy
+
+    import liger_registry
+    from liger_registry.testing import tiny_batch, tiny_model
+
+    reference = tiny_model("llama4_text")
+    model = copy.deepcopy(reference)
+    batch = tiny_batch(reference)
+    want = reference(**batch).loss
+    want.backward()
+    with liger_registry.patched(model) as handle:
+        patched = [r.target for r in handle.report.patched if r.kernel == "moe_experts"]
+        assert len(patched) == sum(isinstance(m, modeling_llama4.Llama4TextMoe) for m in model.modules()) > 0
+        got = model(**batch).loss
+        got.backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
