@@ -1,4 +1,4 @@
-"""CPU smoke runs of the GPU benchmarks (bench_flce.py, bench_e2e.py, bench_step.py), so the scripts cannot rot
+"""CPU smoke runs of the GPU benchmarks (bench_flce.py, bench_e2e.py, bench_step.py, bench_llama4_moe.py, ...), so the scripts cannot rot
 unnoticed."""
 
 from __future__ import annotations
@@ -366,3 +366,13 @@ def test_moe_cpu_smoke_serves_every_shape(tmp_path: Path) -> None:
         assert "error" not in ours, (row["shape"], ours.get("error"))
         assert ours["max_rel_diff"] < 1e-5, (row["shape"], ours["rel_diff"])
         assert "d_mlp.v1" in ours["rel_diff"] or row["shape"] != "dbrx"  # the separate up weight's gradient
+
+
+def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
+    """bench_llama4_moe.py on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
+    (output and every gradient)."""
+    stdout = _run("bench_llama4_moe.py", "--cpu-smoke", out=tmp_path)
+    data = json.loads((tmp_path / "bench_llama4_moe_smoke.json").read_text())
+    rows = {r["method"]: r for r in data["rows"]}
+    assert set(rows) == {"hf", "ours"}, stdout[-2000:]
+    assert rows["hf"]["rel_diff"] == 0.0 and rows["ours"]["rel_diff"] < 1e-5
