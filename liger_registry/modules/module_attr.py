@@ -28,8 +28,16 @@ def attr_reader(names: str | list[str]) -> Callable[[Any], Any]:
 
 
 def has_attr(module: Any, names: str | list[str] | tuple[str, ...]) -> bool:
-    """Whether the module has ``names`` (one of them, for a list)."""
-    return any(hasattr(module, n) for n in ((names,) if isinstance(names, str) else names))
+    """Whether the module has ``names`` (one of them, for a list; a name may be a dotted path)."""
+    return any(_has_path(module, n) for n in ((names,) if isinstance(names, str) else names))
+
+
+def _has_path(obj: Any, path: str) -> bool:
+    for name in path.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
 
 
 def attr_label(names: str | list[str] | tuple[str, ...]) -> str:

@@ -4,7 +4,8 @@ experts module (``use_experts_implementation``: stacked gate/up and down weights
 or one the spec describes (DbrxExperts: separate 2-D gate, up and down weights in its ``mlp``, the down stored
 [in, out], the gate an activation module). The router and everything around the experts stay transformers' code,
 except for a block whose experts run on inputs scaled by dense router scores (Llama4TextMoe, routing
-``input_scaled``): there the block's forward is replaced, calling its own router and shared expert."""
+``input_scaled``) or whose router sits inside the block (JetMoeMoE, ``softmax_top_k``): there the block's forward is
+replaced, calling its own router (and shared expert)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from liger_registry.attr_path import read_path
 from liger_registry.kernels.moe import moe_experts
 from liger_registry.modules.wiring import checks, makes
 from liger_registry.schemas import MoeExpertsSpec
@@ -24,8 +26,8 @@ from liger_registry.schemas.kernels import MOE_GATES
 OWN_GATES = ("clamped_swiglu", "limited_swiglu")
 # what an experts class that is not a transformers experts module must take (DbrxExperts does)
 ROUTED_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
-# what a block with routing input_scaled takes (Llama4TextMoe)
-BLOCK_ARGS = ("hidden_states",)
+# the routings whose target is a whole MoE block called with the hidden states alone, router inside
+BLOCK_ROUTINGS = ("input_scaled", "softmax_top_k")
 
 _UNSERVED = {
     "has_gate": (False, "ungated experts (act_fn(up) only)"),
@@ -41,7 +43,7 @@ def _unserved(module: nn.Module) -> list[str]:
 def _weight_problem(module: nn.Module, holder: nn.Module, name: str, num_experts: str) -> str | None:
     """Why ``holder.name`` is not an expert weight the kernel reads in place: stacked 3-D, or 2-D [E * rows, cols]
     with E the experts module's ``num_experts``."""
-    weight = getattr(holder, name, None)
+    weight = read_path(holder, name)
     if weight is None:
         return f"{type(holder).__name__} has no expert weight {name!r}"
     floating = isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point
@@ -62,7 +64,7 @@ def _weight_problem(module: nn.Module, holder: nn.Module, name: str, num_experts
 def _weight(module: nn.Module, holder: nn.Module, name: str, num_experts: str) -> torch.Tensor:
     if problem := _weight_problem(module, holder, name, num_experts):
         raise TypeError(problem)
-    weight = getattr(holder, name)
+    weight = read_path(holder, name)
     if weight.dim() == 2:  # every expert's rows in one parameter (DbrxExpertGLU): a view, no copy
         n = getattr(module, num_experts)
         return weight.view(n, weight.shape[0] // n, weight.shape[1])
@@ -153,7 +155,7 @@ def input_scaled_forward(
     h = hidden_states.shape[-1]
     x = hidden_states.reshape(-1, h)
     scores, router_logits = block.router(x)
-    k = block.top_k
+    k = block.router.top_k
     index = router_logits.topk(k, dim=1).indices
     scaled = (x.unsqueeze(1) * scores.gather(1, index).unsqueeze(-1)).reshape(-1, h)
     ones = torch.ones(scaled.shape[0], 1, dtype=scores.dtype, device=scores.device)
@@ -165,6 +167,22 @@ def input_scaled_forward(
     return out, router_logits
 
 
+def softmax_top_k_forward(
+    block: nn.Module, hidden_states: torch.Tensor, gate: str, gate_up: str, down: str, **options
+):
+    """What a JetMoeMoE-like block returns: its router's top_k logits softmaxed into the routing weights, the
+    experts' weighted sum and the block's ``bias`` (when it has one). The router is the block's own module (its
+    logits, its last output, recorded as unpatched); the selection and weights are computed from those logits as
+    the router computes them."""
+    x = hidden_states.reshape(-1, hidden_states.shape[-1])
+    router_logits = block.router(x)[-1]
+    top, index = router_logits.topk(block.router.top_k, dim=1)
+    weights = torch.softmax(top, dim=1).type_as(x)
+    out = experts_forward(block, x, index, weights, gate, gate_up, down, **options).view(hidden_states.shape)
+    bias = getattr(block, "bias", None)
+    return out if bias is None else out + bias
+
+
 def _options(spec: MoeExpertsSpec) -> dict:
     """The spec's layout options, as :func:`experts_forward` takes them."""
     names = ("up", "down_layout", "weights_of", "num_experts", "act_fn", "output", "transposed")
@@ -174,10 +192,11 @@ def _options(spec: MoeExpertsSpec) -> dict:
 @makes("moe_experts")
 def moe_experts_forward(spec: MoeExpertsSpec) -> Callable:
     gate, gate_up, down, options = spec.gate, spec.gate_up, spec.down, _options(spec)
-    if spec.routing == "input_scaled":
+    if spec.routing in BLOCK_ROUTINGS:
+        block = input_scaled_forward if spec.routing == "input_scaled" else softmax_top_k_forward
 
         def block_forward(self, hidden_states):
-            return input_scaled_forward(self, hidden_states, gate, gate_up, down, **options)
+            return block(self, hidden_states, gate, gate_up, down, **options)
 
         return block_forward
 
@@ -230,21 +249,25 @@ def _described_problem(spec: MoeExpertsSpec, cls: type) -> str | None:
             "no act_fn (its activation module) to serve it by"
         )
     args = tuple(inspect.signature(cls.forward).parameters)[1:]
-    want = BLOCK_ARGS if spec.routing == "input_scaled" else ROUTED_ARGS
-    if args != want:
-        return f"{cls.__name__}.forward takes ({', '.join(args)}), not ({', '.join(want)})"
+    if spec.routing in BLOCK_ROUTINGS:
+        if len(args) != 1:
+            return f"{cls.__name__}.forward takes ({', '.join(args)}), not the hidden states alone"
+    elif args != ROUTED_ARGS:
+        return f"{cls.__name__}.forward takes ({', '.join(args)}), not ({', '.join(ROUTED_ARGS)})"
     return None
 
 
-def _block_problem(block: nn.Module) -> str | None:
-    """What an input_scaled block must hold besides its experts: its router, top_k and shared expert."""
+def _block_problem(block: nn.Module, routing: str) -> str | None:
+    """What a block must hold besides its experts: its router with the top_k it selects, and (input_scaled) its
+    shared expert."""
     cls = type(block).__name__
-    missing = [a for a in ("router", "shared_expert") if not isinstance(getattr(block, a, None), nn.Module)]
+    wanted = ("router", "shared_expert") if routing == "input_scaled" else ("router",)
+    missing = [a for a in wanted if not isinstance(getattr(block, a, None), nn.Module)]
     if missing:
-        return f"{cls} has no {' or '.join(missing)} module (routing input_scaled runs the block's own)"
-    top_k = getattr(block, "top_k", None)
+        return f"{cls} has no {' or '.join(missing)} module (routing {routing} runs the block's own)"
+    top_k = getattr(block.router, "top_k", None)
     if not isinstance(top_k, int) or top_k <= 0:
-        return f"{cls}.top_k is {top_k!r}, not the number of experts each token selects"
+        return f"{cls}.router.top_k is {top_k!r}, not the number of experts each token selects"
     return None
 
 
@@ -253,7 +276,7 @@ def _module_problem(spec: MoeExpertsSpec, module: nn.Module) -> str | None:
     cls = type(module).__name__
     if problems := _unserved(module):
         return f"{cls}: {', '.join(problems)} not served"
-    if spec.routing == "input_scaled" and (problem := _block_problem(module)):
+    if spec.routing in BLOCK_ROUTINGS and (problem := _block_problem(module, spec.routing)):
         return problem
     holder = module if spec.weights_of is None else getattr(module, spec.weights_of, None)
     if not isinstance(holder, nn.Module):

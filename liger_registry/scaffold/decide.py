@@ -332,16 +332,14 @@ def decide_moe_experts(captured: Captured, config: Any) -> Verdict:
 def is_input_scaled_block_candidate(cls: type, module: nn.Module) -> bool:
     """A MoE block that runs its experts on router-scaled inputs itself (Llama4TextMoe): forward(hidden_states), a
     router, an experts submodule holding stacked 3-D gate_up_proj / down_proj weights and an act_fn, a shared
-    expert and top_k."""
-    from liger_registry.modules.moe import BLOCK_ARGS
-
+    expert and the router's top_k."""
     experts = getattr(module, "experts", None)
     return (
-        tuple(inspect.signature(cls.forward).parameters)[1:] == BLOCK_ARGS
+        len(tuple(inspect.signature(cls.forward).parameters)[1:]) == 1
         and all(
             isinstance(getattr(module, a, None), nn.Module) for a in ("router", "experts", "shared_expert")
         )
-        and isinstance(getattr(module, "top_k", None), int)
+        and isinstance(getattr(module.router, "top_k", None), int)
         and all(
             getattr(getattr(experts, w, None), "dim", lambda: 0)() == 3 for w in ("gate_up_proj", "down_proj")
         )

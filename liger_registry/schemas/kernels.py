@@ -216,7 +216,8 @@ class MoeExpertsSpec(ModuleKernelSpec):
     )
     gate_up: str = Field(
         default(MOE_EXPERTS + "gate_up"),
-        description="Attribute holding the gate/up weights (only the gate's when `up` is set).",
+        description="Attribute (or dotted path: JetMoeMoE's input_linear.weight) holding the gate/up weights "
+        "(only the gate's when `up` is set).",
     )
     up: str | None = Field(
         default(MOE_EXPERTS + "up"),
@@ -259,7 +260,7 @@ class MoeExpertsSpec(ModuleKernelSpec):
         "Llama4TextExperts multiplies them: x @ w); null: the experts module's is_transposed flag (transformers' "
         "experts modules), [out, in] without one.",
     )
-    routing: Literal["top_k", "input_scaled"] = Field(
+    routing: Literal["top_k", "input_scaled", "softmax_top_k"] = Field(
         default(MOE_EXPERTS + "routing"),
         description="What the target is. top_k: an experts module called with the router's top-k indices and "
         "weights, each expert's output scaled by its weight (transformers' experts modules, DbrxExperts). "
@@ -267,7 +268,10 @@ class MoeExpertsSpec(ModuleKernelSpec):
         "`router` gives dense per-expert scores (zero where not selected) and which scales each expert's input by "
         "its score, runs every expert on every token and adds its `shared_expert`: the kernel runs only the "
         "`top_k` selected experts, on the scaled inputs (the others compute act(0) * 0 = 0 there). `weights_of` "
-        "names the experts submodule.",
+        "names the experts submodule. softmax_top_k: a whole MoE block (JetMoeMoE: forward(layer_input) -> out) "
+        "whose `router` returns its logits last and routes each token to its top_k logits, weighted by their "
+        "softmax; the block adds its `bias` (when it has one) to the experts' weighted sum. For both, the block's "
+        "router is called as unpatched (its outputs recorded), and `router.top_k` is the number selected.",
     )
     act_config_attr: str | list[str] | None = Field(
         default(MOE_EXPERTS + "act_config_attr"),
@@ -288,13 +292,10 @@ class MoeExpertsSpec(ModuleKernelSpec):
             raise ValueError(
                 f"up {self.up!r}: separate up weights feed a [gate | up] gate, not clamped_swiglu"
             )
-        if self.routing == "input_scaled" and (
-            self.weights_of is None or self.gate not in ("swiglu", "geglu")
-        ):
-            raise ValueError(
-                "routing input_scaled runs a block's experts submodule: name it in weights_of, with a swiglu or "
-                f"geglu gate (got weights_of {self.weights_of!r}, gate {self.gate!r})"
-            )
+        if self.routing != "top_k" and self.gate not in ("swiglu", "geglu"):
+            raise ValueError(f"routing {self.routing} runs a swiglu or geglu gate, not {self.gate}")
+        if self.routing == "input_scaled" and self.weights_of is None:
+            raise ValueError("routing input_scaled runs a block's experts submodule: name it in weights_of")
         if self.act_fn is not None and self.gate not in ("swiglu", "geglu"):
             raise ValueError(
                 f"act_fn {self.act_fn!r}: act(gate) * up is gate swiglu or geglu, not {self.gate}"

@@ -2,8 +2,9 @@
 interleaved gate, transposed weights, biases) against the module's own forward under every experts
 implementation the installed release offers that runs on CPU; DBRX's experts (separate 2-D gate and up weights in a
 submodule, the down stored [in, out]) against theirs, and its tiny model patched against unpatched; Llama 4's MoE
-block (every expert on every token, inputs scaled by dense router scores) against its own forward, and its tiny
-model patched against unpatched; the check that refuses a wrong gate; what the forward refuses with a reason."""
+block (every expert on every token, inputs scaled by dense router scores) and JetMoE's (router inside the block,
+weights in two submodules, an output bias) against their own forwards, and their tiny models patched against
+unpatched; the check that refuses a wrong gate; what the forward refuses with a reason."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from transformers.models.dbrx import modeling_dbrx
 from transformers.models.dbrx.configuration_dbrx import DbrxFFNConfig
 from transformers.models.gpt_oss import modeling_gpt_oss
 from transformers.models.gpt_oss.configuration_gpt_oss import GptOssConfig
+from transformers.models.jetmoe import modeling_jetmoe
+from transformers.models.jetmoe.configuration_jetmoe import JetMoeConfig
 from transformers.models.llama4 import modeling_llama4
 from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
 from transformers.models.qwen3_moe import modeling_qwen3_moe
@@ -137,7 +140,7 @@ def test_routing_arguments_by_keyword_under_either_name(monkeypatch):
         module(x)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral", "dbrx", "llama4_text"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "mixtral", "dbrx", "llama4_text", "jetmoe"])
 def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch):
     """apply() on a tiny model: every experts module's forward goes through moe_experts (counted), and revert
     gives transformers' forward back."""
@@ -151,7 +154,8 @@ def test_a_patched_model_runs_its_experts_on_the_kernel(model_type, monkeypatch)
     model = tiny_model(model_type)
     handle = liger_registry.apply(model, moe_experts=True)  # explicit: on even where a family ships it off
     model(**tiny_batch(model))
-    n_experts = sum(1 for m in model.modules() if type(m).__name__.endswith("Experts"))
+    targets = load_registry().family_for(model_type).entry.kernels.moe_experts.targets
+    n_experts = sum(1 for m in model.modules() if type(m).__name__ in targets)
     assert n_experts and len(calls) == n_experts
     handle.revert()
     model(**tiny_batch(model))
@@ -297,29 +301,78 @@ def test_the_check_serves_the_llama4_block_and_says_why_not():
     experts_only = _llama4_block(1).experts  # takes the block's argument, but holds no router
     assert "no router or shared_expert module" in moe_experts_problem(spec, None, experts_only, None)
     as_experts = moe_experts_problem(spec, None, modeling_qwen3_moe.Qwen3MoeExperts, None)
-    assert "takes (hidden_states, top_k_index, top_k_weights), not (hidden_states)" in as_experts
+    assert "takes (hidden_states, top_k_index, top_k_weights), not the hidden states alone" in as_experts
     with pytest.raises(ValueError, match="name it in weights_of"):
         MoeExpertsSpec(targets=["X"], routing="input_scaled", act_fn="act_fn")
 
 
-def test_llama4_tiny_model_patched_matches_unpatched(backend):
-    """The tiny Llama 4 text model with its registry entry: its MoE blocks on the kernel, the loss and every
-    gradient those of the unpatched model (fp32)."""
+@pytest.mark.parametrize(("model_type", "block"), [("llama4_text", "Llama4TextMoe"), ("jetmoe", "JetMoeMoE")])
+def test_block_tiny_models_patched_match_unpatched(backend, model_type, block):
+    """The tiny Llama 4 text and JetMoE models with their registry entries: their MoE blocks on the kernel, the
+    loss and every gradient those of the unpatched model (fp32)."""
     import copy
 
     import liger_registry
     from liger_registry.testing import tiny_batch, tiny_model
 
-    reference = tiny_model("llama4_text")
+    reference = tiny_model(model_type)
     model = copy.deepcopy(reference)
     batch = tiny_batch(reference)
     want = reference(**batch).loss
     want.backward()
     with liger_registry.patched(model) as handle:
         patched = [r.target for r in handle.report.patched if r.kernel == "moe_experts"]
-        assert len(patched) == sum(isinstance(m, modeling_llama4.Llama4TextMoe) for m in model.modules()) > 0
+        assert len(patched) == sum(type(m).__name__ == block for m in model.modules()) > 0
         got = model(**batch).loss
         got.backward()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for (name, a), (_, b) in zip(model.named_parameters(), reference.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _jetmoe_block(top_k: int) -> torch.nn.Module:
+    config = JetMoeConfig(
+        hidden_size=32, intermediate_size=24, num_local_experts=5, num_experts_per_tok=top_k
+    )
+    return _init(modeling_jetmoe.JetMoeMoE(config))
+
+
+def _jetmoe_spec() -> MoeExpertsSpec:
+    return load_registry().families["jetmoe"].entry.kernels.moe_experts
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_jetmoe_block_matches_its_own_forward(backend, top_k, monkeypatch):
+    """The registry's jetmoe spec on JetMoeMoE: the output and every gradient (router, both expert weights, the
+    bias, the input), fp32; the router runs once per call, as unpatched (its outputs are what transformers
+    records)."""
+    block = _jetmoe_block(top_k)
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    want = block(x)
+    calls = []
+    block.router.register_forward_hook(lambda *_: calls.append(1))
+    monkeypatch.setattr(modeling_jetmoe.JetMoeMoE, "forward", moe_experts_forward(_jetmoe_spec()))
+    got = block(x)
+    assert calls == [1]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    params = [x, *block.parameters()]
+    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_check_serves_the_jetmoe_block_and_says_why_not():
+    spec = _jetmoe_spec()
+    assert moe_experts_problem(spec, None, modeling_jetmoe.JetMoeMoE, None) is None
+    assert moe_experts_problem(spec, None, _jetmoe_block(2), None) is None
+    no_router = _jetmoe_block(2)
+    del no_router.router
+    assert "no router module" in moe_experts_problem(spec, None, no_router, None)
+    assert "has no expert weight 'input_linear.weights'" in moe_experts_problem(
+        spec.model_copy(update={"gate_up": "input_linear.weights"}), None, _jetmoe_block(2), None
+    )
+    assert "not the hidden states alone" in moe_experts_problem(
+        spec, None, modeling_qwen3_moe.Qwen3MoeExperts, None
+    )
+    with pytest.raises(ValueError, match="runs a swiglu or geglu gate"):
+        MoeExpertsSpec(targets=["X"], routing="softmax_top_k", gate="clamped_swiglu", act_config_attr=None)
