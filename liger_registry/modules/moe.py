@@ -72,7 +72,7 @@ def _weight(module: nn.Module, holder: nn.Module, name: str, num_experts: str) -
 
 
 @functools.cache
-def _act_classes(gate: str) -> tuple[type, ...]:
+def act_classes(gate: str) -> tuple[type, ...]:
     """The activation modules transformers builds for the config activations of ``gate``."""
     from transformers.activations import ACT2FN
 
@@ -81,7 +81,7 @@ def _act_classes(gate: str) -> tuple[type, ...]:
 
 def _act_problem(holder: nn.Module, act_fn: str, gate: str) -> str | None:
     act = getattr(holder, act_fn, None)
-    if isinstance(act, _act_classes(gate)):
+    if isinstance(act, act_classes(gate)):
         return None
     return (
         f"{type(holder).__name__}.{act_fn} is {type(act).__name__}, not the activation of the {gate} gate "

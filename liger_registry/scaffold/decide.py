@@ -33,7 +33,7 @@ GLU_LIMITS = ("limit", "swiglu_limit")
 # Module attributes that may hold an activation-sparsity target applied by the module's own top-k
 # (Gemma3nTextMLP's `activation_sparsity`, GluSpec.gate_sparsity).
 GLU_SPARSITIES = ("activation_sparsity",)
-ACT_CONFIG_ATTRS = ("hidden_act", "hidden_activation")
+ACT_CONFIG_ATTRS = ("hidden_act", "hidden_activation", "activation_function")
 FP32_TOL = 1e-5
 
 
@@ -387,6 +387,70 @@ def decide_input_scaled_block(captured: Captured, config: Any) -> Verdict:
                 return verdict
     shown = ", ".join(f"{g}{' transposed' if t else ''} {e:.2g}" for (g, t), e in tried.items())
     verdict.reason = f"the selected experts on scaled inputs do not reproduce {name}.forward ({shown})"
+    return verdict
+
+
+def stacked_weight_paths(block: nn.Module) -> tuple[str, str] | None:
+    """A block's two stacked 3-D expert weights as dotted paths from it, gate/up ([E, 2I, H]) first, then down
+    ([E, H, I]) (JetMoeMoE's input_linear.weight and output_linear.weight); None unless there are exactly two
+    that fit."""
+    found = [(n, p) for n, p in block.named_parameters() if p.dim() == 3]
+    if len(found) != 2:
+        return None
+    for (g, wg), (d, wd) in (found, found[::-1]):
+        if wg.shape[0] == wd.shape[0] and wg.shape[1] == 2 * wd.shape[2] and wg.shape[2] == wd.shape[1]:
+            return g, d
+    return None
+
+
+def _block_act(block: nn.Module, gate: str) -> str | None:
+    """The name of the block's own activation module computing ``gate``'s activation (JetMoeMoE's activation)."""
+    from liger_registry.modules.moe import act_classes
+
+    return next((n for n, m in block.named_children() if isinstance(m, act_classes(gate))), None)
+
+
+def is_softmax_top_k_block_candidate(cls: type, module: nn.Module) -> bool:
+    """A MoE block with its router inside, called with the hidden states alone, holding two stacked 3-D expert
+    weights and its activation module (JetMoeMoE), and no experts/shared-expert split (see input_scaled)."""
+    return (
+        len(tuple(inspect.signature(cls.forward).parameters)[1:]) == 1
+        and isinstance(getattr(module, "router", None), nn.Module)
+        and isinstance(getattr(module.router, "top_k", None), int)
+        and not is_input_scaled_block_candidate(cls, module)
+        and stacked_weight_paths(module) is not None
+        and any(_block_act(module, gate) for gate in ("swiglu", "geglu"))
+    )
+
+
+def decide_softmax_top_k_block(captured: Captured, config: Any) -> Verdict:
+    """moe_experts with routing softmax_top_k when the experts on the kernel, routed by the softmax over the
+    router's top_k logits, reproduce the block's own forward (fp32, the pass's hidden states)."""
+    from liger_registry.modules.moe import softmax_top_k_forward
+    from liger_registry.schemas.kernels import MOE_GATES
+
+    name = captured.cls.__name__
+    verdict = Verdict("moe_experts", captured.target or name)
+    block = captured.instances[0]
+    gate_up, down = stacked_weight_paths(block)
+    x = _input(captured, 0, block.get_parameter(down).shape[1])
+    errors = {}
+    for gate in ("swiglu", "geglu"):
+        if (act := _block_act(block, gate)) is None:
+            continue
+        with torch.no_grad():
+            got = softmax_top_k_forward(block, x, gate, gate_up, down, act_fn=act)
+            errors[gate] = rel_err(got, block(x))
+        if errors[gate] <= FP32_TOL:
+            attr = next((a for a in ACT_CONFIG_ATTRS if getattr(config, a, None) in MOE_GATES[gate]), None)
+            verdict.spec = {"routing": "softmax_top_k", "gate_up": gate_up, "down": down, "act_fn": act}
+            verdict.spec |= {} if gate == "swiglu" else {"gate": gate}
+            verdict.spec |= {} if attr == "hidden_act" else {"act_config_attr": attr}
+            return verdict
+    shown = ", ".join(f"{g} {e:.2g}" for g, e in errors.items())
+    verdict.reason = (
+        f"the experts routed by the softmax of the top-k logits do not reproduce {name}.forward ({shown})"
+    )
     return verdict
 
 

@@ -350,9 +350,9 @@ def _structure_notes(model: nn.Module, mlps: dict[str, Captured]) -> list[str]:
     return notes
 
 
-def _input_scaled_blocks(model: nn.Module) -> dict[str, Captured]:
+def _moe_blocks(model: nn.Module, candidate) -> dict[str, Captured]:
     found = module_classes(model, lambda cls: "Moe" in cls.__name__ or "MoE" in cls.__name__)
-    return {n: c for n, c in found.items() if decide.is_input_scaled_block_candidate(c.cls, c.instances[0])}
+    return {n: c for n, c in found.items() if candidate(c.cls, c.instances[0])}
 
 
 def _activations(model: nn.Module) -> dict[str, Captured]:
@@ -369,8 +369,9 @@ def norm_and_mlp_verdicts(
 ) -> tuple[list[decide.Verdict], list[str]]:
     norms, mlps, activations = _leaf_norms(model), _gated_mlps(model), _activations(model)
     experts = module_classes(model, decide.is_experts_candidate)
-    blocks = _input_scaled_blocks(model)
-    found = {**norms, **mlps, **activations, **experts, **blocks}
+    blocks = _moe_blocks(model, decide.is_input_scaled_block_candidate)
+    softmax_blocks = _moe_blocks(model, decide.is_softmax_top_k_block_candidate)
+    found = {**norms, **mlps, **activations, **experts, **blocks, **softmax_blocks}
     for captured in found.values():
         captured.target = target_name(captured.cls, source.module)
     capture_inputs(model, found, run)
@@ -387,6 +388,7 @@ def norm_and_mlp_verdicts(
     verdicts += [v for c in activations.values() if (v := decide.decide_relu_squared(c)) is not None]
     verdicts += [decide.decide_moe_experts(captured, config) for captured in experts.values()]
     verdicts += [decide.decide_input_scaled_block(captured, config) for captured in blocks.values()]
+    verdicts += [decide.decide_softmax_top_k_block(captured, config) for captured in softmax_blocks.values()]
     for captured in _clamped_gates(model).values():
         captured.target = target_name(captured.cls, source.module)
         verdicts.append(decide.decide_clamped_gate(captured))
