@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -452,6 +453,97 @@ def decide_softmax_top_k_block(captured: Captured, config: Any) -> Verdict:
         f"the experts routed by the softmax of the top-k logits do not reproduce {name}.forward ({shown})"
     )
     return verdict
+
+
+def _weights_holder(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The one child holding the experts' weights (two or three floating 2-D / 3-D parameters of its own) and an
+    activation module (DbrxExperts' mlp)."""
+    holders = [
+        (n, c)
+        for n, c in module.named_children()
+        if len([p for p in c.parameters(recurse=False) if p.dim() in (2, 3) and p.is_floating_point()])
+        in (2, 3)
+        and any(_block_act(c, gate) for gate in ("swiglu", "geglu"))
+    ]
+    return holders[0] if len(holders) == 1 else None
+
+
+def is_described_experts_candidate(cls: type, module: nn.Module) -> bool:
+    """An experts class that is not a transformers experts module but takes the routed arguments and keeps its
+    weights in one child with its activation (DbrxExperts)."""
+    from liger_registry.modules.moe import ROUTED_ARGS
+
+    return (
+        not is_experts_candidate(cls)
+        and tuple(inspect.signature(cls.forward).parameters)[1:] == ROUTED_ARGS
+        and isinstance(getattr(module, "num_experts", None), int)
+        and _weights_holder(module) is not None
+    )
+
+
+def _layouts(names: list[str]):
+    """(gate_up, up, down) assignments of a holder's weight names: two, a fused gate/up and the down; three, a
+    separate gate, up and down."""
+    if len(names) == 2:
+        return [(g, None, d) for g, d in itertools.permutations(names)]
+    return list(itertools.permutations(names))
+
+
+def _described_error(module: nn.Module, inputs: tuple, options: dict) -> float:
+    from liger_registry.modules.moe import experts_forward
+
+    with torch.no_grad():
+        try:
+            got = experts_forward(module, *inputs, **options)
+        except (TypeError, ValueError, NotImplementedError, AttributeError, RuntimeError):
+            return float("inf")
+        want = module(*inputs)
+        return rel_err(got, want) if got.shape == want.shape else float("inf")
+
+
+def decide_described_experts(captured: Captured, config: Any) -> Verdict:
+    """moe_experts for an experts class the spec describes (DbrxExperts): the weights' child, which weight is the
+    gate(/up), the up and the down, how the down is stored and the output's shape, found by running every
+    assignment against the module's own forward (fp32, the pass's routing) until one reproduces it."""
+    from liger_registry.schemas.kernels import MOE_GATES
+
+    name = captured.cls.__name__
+    verdict = Verdict("moe_experts", captured.target or name)
+    if not captured.inputs or len(captured.inputs[0]) < 3:
+        verdict.reason = (
+            f"the forward pass did not call {name} with its routing: nothing to prove a layout on"
+        )
+        return verdict
+    module = captured.instances[0]
+    holder_name, holder = _weights_holder(module)
+    weights = [n for n, p in holder.named_parameters(recurse=False) if p.dim() in (2, 3)]
+    x, index, weights_in = captured.inputs[0][:3]
+    # the pass's [batch, seq, hidden] and its flattened rows: a forward whose output shape follows the batch (DBRX's
+    # view(batch, -1, hidden)) and one that keeps the input's shape agree on the first only
+    inputs = [(x, index, weights_in), (x.reshape(-1, x.shape[-1]), index, weights_in)]
+    for gate in ("swiglu", "geglu"):
+        if (act := _block_act(holder, gate)) is None:
+            continue
+        for (gate_up, up, down), layout, output in itertools.product(
+            _layouts(weights), ("out_in", "in_out"), ("input_shape", "batch_first")
+        ):
+            options = {"gate": gate, "gate_up": gate_up, "up": up, "down": down, "down_layout": layout}
+            options |= {"weights_of": holder_name, "act_fn": act, "output": output}
+            if max(_described_error(module, i, options) for i in inputs) <= FP32_TOL:
+                spec = {k: v for k, v in options.items() if v is not None}
+                spec = {k: v for k, v in spec.items() if (k, v) not in _DESCRIBED_DEFAULTS}
+                attr = next(
+                    (a for a in ACT_CONFIG_ATTRS if getattr(config, a, None) in MOE_GATES[gate]), None
+                )
+                spec |= {} if attr == "hidden_act" else {"act_config_attr": attr}
+                verdict.spec = spec
+                return verdict
+    verdict.reason = f"no layout of {name}.{holder_name}'s weights reproduces {name}.forward"
+    return verdict
+
+
+# the spec's defaults a draft leaves out
+_DESCRIBED_DEFAULTS = {("gate", "swiglu"), ("down_layout", "out_in"), ("output", "input_shape")}
 
 
 def glu_projections(module: nn.Module) -> tuple[str, str, str] | None:

@@ -355,6 +355,11 @@ def _moe_blocks(model: nn.Module, candidate) -> dict[str, Captured]:
     return {n: c for n, c in found.items() if candidate(c.cls, c.instances[0])}
 
 
+def _described_experts(model: nn.Module) -> dict[str, Captured]:
+    found = module_classes(model, lambda cls: "Expert" in cls.__name__)
+    return {n: c for n, c in found.items() if decide.is_described_experts_candidate(c.cls, c.instances[0])}
+
+
 def _activations(model: nn.Module) -> dict[str, Captured]:
     return module_classes(model, decide.is_relu_squared_candidate)
 
@@ -371,7 +376,8 @@ def norm_and_mlp_verdicts(
     experts = module_classes(model, decide.is_experts_candidate)
     blocks = _moe_blocks(model, decide.is_input_scaled_block_candidate)
     softmax_blocks = _moe_blocks(model, decide.is_softmax_top_k_block_candidate)
-    found = {**norms, **mlps, **activations, **experts, **blocks, **softmax_blocks}
+    described = _described_experts(model)
+    found = {**norms, **mlps, **activations, **experts, **blocks, **softmax_blocks, **described}
     for captured in found.values():
         captured.target = target_name(captured.cls, source.module)
     capture_inputs(model, found, run)
@@ -389,6 +395,7 @@ def norm_and_mlp_verdicts(
     verdicts += [decide.decide_moe_experts(captured, config) for captured in experts.values()]
     verdicts += [decide.decide_input_scaled_block(captured, config) for captured in blocks.values()]
     verdicts += [decide.decide_softmax_top_k_block(captured, config) for captured in softmax_blocks.values()]
+    verdicts += [decide.decide_described_experts(captured, config) for captured in described.values()]
     for captured in _clamped_gates(model).values():
         captured.target = target_name(captured.cls, source.module)
         verdicts.append(decide.decide_clamped_gate(captured))

@@ -48,12 +48,15 @@ def _variant_options(entry: FamilyEntry) -> dict:
     }
 
 
-@pytest.mark.parametrize("model_type", ["phi3", "glm4", "nemotron", "gpt_oss", "llama4_text", "jetmoe"])
+@pytest.mark.parametrize(
+    "model_type", ["phi3", "glm4", "nemotron", "gpt_oss", "llama4_text", "jetmoe", "dbrx"]
+)
 def test_variant_drafts_agree_with_the_hand_written_issue_12_entries(model_type):
     """phi3 (partial rope, fused gate_up), glm4 (interleaved rope, fused gate_up), nemotron (partial rope,
     LayerNorm1P, relu²), gpt_oss (half-split rope, clamped experts gate), llama4 (complex rope, its MoE block's
-    input_scaled routing), jetmoe (its MoE block's softmax_top_k routing, weights through dotted paths): the draft
-    turns on the same kernels on the same targets with the same variant options as the entries written by hand."""
+    input_scaled routing), jetmoe (its MoE block's softmax_top_k routing, weights through dotted paths), dbrx (its
+    experts' separate gate and up, down stored [in, out], batch-first output): the draft turns on the same kernels on
+    the same targets with the same variant options as the entries written by hand."""
     drafted, hand = draft(model_type).entry, BUNDLED.family_for(model_type).entry
     assert _kernels(drafted) == _kernels(hand)
     assert drafted.kernels.moe_experts == hand.kernels.moe_experts
