@@ -5,7 +5,9 @@ QK-norm, tied), Gemma-2-2B (26 layers, GeGLU, attention and final-logit softcap,
 other layer, tied; flex attention: transformers has no SDPA path with softcap and eager attention does not fit
 16384 tokens), Llama-3-8B cut to 8 of its 32 layers, and the MoE cuts of bench_e2e at 4 layers (`qwen3_moe`
 Qwen3-30B-A3B, `mixtral` Mixtral-8x7B, `gpt_oss` GPT-OSS-20B with flex attention: its sinks have no SDPA path
-and eager attention does not fit 16384 tokens); shapes 2 x 4096 and 1 x 16384 tokens. The configs are written
+and eager attention does not fit 16384 tokens) and Llama-4-Scout cut to 2 of its 48 MoE layers (`llama4_scout`:
+16 experts, top-1, a shared expert; transformers' block runs every expert on every token); shapes 2 x 4096 and
+1 x 16384 tokens. The configs are written
 here (the values of the models' config.json on the Hub), the weights random (seed 0), bf16, built on the GPU.
 Methods, each run in its own process (bench_e2e's process machinery: forked from a driver that imported torch
 and transformers once, or --spawn): `hf` (unpatched), `hf_compile` (torch.compile(model)), `liger` (the
@@ -127,9 +129,27 @@ MODELS = {
     "qwen3_moe": {**e2e.MODELS["qwen3_moe"], "num_hidden_layers": 48, "tie_word_embeddings": False},
     "mixtral": {**e2e.MODELS["mixtral"], "num_hidden_layers": 32, "tie_word_embeddings": False},
     "gpt_oss": {**e2e.MODELS["gpt_oss"], "num_hidden_layers": 24, "tie_word_embeddings": False},
+    "llama4_scout": dict(  # meta-llama/Llama-4-Scout-17B-16E's text_config: every layer a MoE block
+        model_type="llama4_text",
+        num_hidden_layers=48,
+        hidden_size=5120,
+        intermediate_size=8192,
+        intermediate_size_mlp=16384,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        num_local_experts=16,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=1,
+        vocab_size=202048,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+    ),
 }
 DENSE = ("llama3_2_1b", "qwen3_1_7b", "gemma2_2b", "llama3_8b")
-CUT = {"llama3_8b": 8, "qwen3_moe": 4, "mixtral": 4, "gpt_oss": 4}  # layers run; the others at full depth
+# layers run; the others at full depth (Llama-4-Scout: 2 of 48, ~6.3B parameters, AdamW states in fp32: an H200)
+CUT = {"llama3_8b": 8, "qwen3_moe": 4, "mixtral": 4, "gpt_oss": 4, "llama4_scout": 2}
 ATTN = {"gemma2_2b": "flex_attention", "gpt_oss": "flex_attention"}  # default: sdpa
 PEER_APPLY = {
     "llama3_2_1b": "apply_liger_kernel_to_llama",
@@ -137,11 +157,16 @@ PEER_APPLY = {
     "gemma2_2b": "apply_liger_kernel_to_gemma2",
     "llama3_8b": "apply_liger_kernel_to_llama",
     **{m: e2e.PEER_APPLY[m] for m in ("qwen3_moe", "mixtral", "gpt_oss")},
+    "llama4_scout": "apply_liger_kernel_to_llama4",
 }
 SHAPES = ("2x4096", "1x16384")
 SMOKE_SHAPES = ("2x32",)
-SMOKE_MODELS = ("llama3_2_1b", "gemma2_2b", "qwen3_moe")
-SMOKE_EXTRA = {"gemma2_2b": dict(sliding_window=16), "gpt_oss": dict(sliding_window=16)}  # a window < seq
+SMOKE_MODELS = ("llama3_2_1b", "gemma2_2b", "qwen3_moe", "llama4_scout")
+SMOKE_EXTRA = {  # a window < seq; Llama 4's MoE dims
+    "gemma2_2b": dict(sliding_window=16),
+    "gpt_oss": dict(sliding_window=16),
+    "llama4_scout": dict(num_local_experts=4, intermediate_size_mlp=128),
+}
 METHODS = ("hf", "hf_compile", "liger", "ours", "ours_compile")
 CPU_METHODS = ("hf", "ours")
 NOISE = "hf_noise"
@@ -175,6 +200,7 @@ FLOP_KEYS = (
     "vocab_size",
     "sliding_window",
     "layer_types",
+    "model_type",
 )
 
 
@@ -341,6 +367,8 @@ def step_flops(d: dict, batch: int, seq: int) -> dict:
     if experts:
         inter = d.get("moe_intermediate_size") or d["intermediate_size"]
         mlp = d["num_experts_per_tok"] * 3 * h * inter + h * experts
+        if d.get("model_type") == "llama4_text":  # Llama4TextMoe's shared expert, beside the routed ones
+            mlp += 3 * h * inter
     else:
         mlp = 3 * h * d["intermediate_size"]
     params = n_layers * (proj + mlp) + h * d["vocab_size"]

@@ -233,6 +233,9 @@ def test_step_flops_count_matmuls_and_the_keys_each_query_sees() -> None:
     }
     f = step.step_flops(moe, 2, 4)
     assert f["matmul_params"] == 2 * (8 * 4 * 6 + 2 * 3 * 8 * 3 + 8 * 6) + 8 * 10  # top-2 experts + router
+    llama4 = {**moe, "model_type": "llama4_text", "moe_intermediate_size": None, "num_experts_per_tok": 1}
+    f = step.step_flops(llama4, 2, 4)  # top-1 expert + router + the shared expert, each of intermediate_size
+    assert f["matmul_params"] == 2 * (8 * 4 * 6 + 3 * 8 * 16 + 8 * 6 + 3 * 8 * 16) + 8 * 10
 
 
 def test_step_jobs_rotate_methods_and_run_the_noise_reference_once() -> None:
