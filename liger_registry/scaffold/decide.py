@@ -330,17 +330,24 @@ def decide_moe_experts(captured: Captured, config: Any) -> Verdict:
     return verdict
 
 
+def _is_routed_block(cls: type, module: nn.Module) -> bool:
+    """A MoE block called with the hidden states alone whose router module says how many experts it selects."""
+    router = getattr(module, "router", None)
+    return (
+        len(tuple(inspect.signature(cls.forward).parameters)[1:]) == 1
+        and isinstance(router, nn.Module)
+        and isinstance(getattr(router, "top_k", None), int)
+    )
+
+
 def is_input_scaled_block_candidate(cls: type, module: nn.Module) -> bool:
     """A MoE block that runs its experts on router-scaled inputs itself (Llama4TextMoe): forward(hidden_states), a
     router, an experts submodule holding stacked 3-D gate_up_proj / down_proj weights and an act_fn, a shared
     expert and the router's top_k."""
     experts = getattr(module, "experts", None)
     return (
-        len(tuple(inspect.signature(cls.forward).parameters)[1:]) == 1
-        and all(
-            isinstance(getattr(module, a, None), nn.Module) for a in ("router", "experts", "shared_expert")
-        )
-        and isinstance(getattr(module.router, "top_k", None), int)
+        _is_routed_block(cls, module)
+        and all(isinstance(getattr(module, a, None), nn.Module) for a in ("experts", "shared_expert"))
         and all(
             getattr(getattr(experts, w, None), "dim", lambda: 0)() == 3 for w in ("gate_up_proj", "down_proj")
         )
@@ -415,9 +422,7 @@ def is_softmax_top_k_block_candidate(cls: type, module: nn.Module) -> bool:
     """A MoE block with its router inside, called with the hidden states alone, holding two stacked 3-D expert
     weights and its activation module (JetMoeMoE), and no experts/shared-expert split (see input_scaled)."""
     return (
-        len(tuple(inspect.signature(cls.forward).parameters)[1:]) == 1
-        and isinstance(getattr(module, "router", None), nn.Module)
-        and isinstance(getattr(module.router, "top_k", None), int)
+        _is_routed_block(cls, module)
         and not is_input_scaled_block_candidate(cls, module)
         and stacked_weight_paths(module) is not None
         and any(_block_act(module, gate) for gate in ("swiglu", "geglu"))

@@ -259,6 +259,13 @@ def test_dbrx_tiny_model_patched_matches_unpatched(backend):
         )
 
 
+def _assert_same_grads(got: torch.Tensor, want: torch.Tensor, params: list[torch.Tensor]) -> None:
+    """Every gradient of ``got`` and of ``want`` for the same upstream gradient, fp32 rounding apart."""
+    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
+    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def _llama4_block(top_k: int) -> torch.nn.Module:
     config = Llama4TextConfig(
         hidden_size=32,
@@ -285,10 +292,7 @@ def test_llama4_block_matches_its_own_forward(backend, top_k, monkeypatch):
     got, got_logits = block(x)
     torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    params = [x, *block.parameters()]
-    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
-    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_grads(got, want, [x, *block.parameters()])
 
 
 def test_the_check_serves_the_llama4_block_and_says_why_not():
@@ -355,10 +359,7 @@ def test_jetmoe_block_matches_its_own_forward(backend, top_k, monkeypatch):
     got = block(x)
     assert calls == [1]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    params = [x, *block.parameters()]
-    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(2))
-    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_grads(got, want, [x, *block.parameters()])
 
 
 def test_the_check_serves_the_jetmoe_block_and_says_why_not():
