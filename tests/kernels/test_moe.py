@@ -180,6 +180,29 @@ def test_split_weight_gradients_by_grouped_mm_match_the_fused_equivalent(
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("inter", [INTER, 45])  # one and three column blocks (the interpreter's 16 wide)
+def test_glu_backward_pass_writes_the_gathered_weighted_rows(backend, inter):
+    """GLU_BWD's copy: every sorted row's incoming gradient times its routing weight, written once (by the first
+    column block) however many column blocks the launch has; other modes refuse it."""
+    if backend != "triton":
+        pytest.skip("a Triton launch")
+    from liger_registry.kernels.moe import triton_kernels as tk
+
+    x, idx, w, w_gu, w_d, _, _ = _inputs("swiglu", False, False, inter=inter)
+    table = route(idx, E)
+    n_rows = table.src.shape[0]
+    dout = torch.randn(T, H, generator=torch.Generator().manual_seed(3))
+    weights = w.detach().reshape(-1)[table.dest.long()]
+    gate_up = torch.randn(n_rows, 2 * inter, generator=torch.Generator().manual_seed(4))
+    copy = torch.full((n_rows, H), float("nan"))
+    part = torch.zeros(tk.col_blocks(inter), n_rows)
+    tk.rows_gemm(tk.GLU_BWD, dout, table.src, w_d.detach(), False, inter, table, out=torch.empty_like(gate_up),
+                 weights=weights, aux=gate_up, part=part, copy=copy)  # fmt: skip
+    torch.testing.assert_close(copy, dout[table.src.long()] * weights[:, None], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="GLU_BWD mode only"):
+        tk.rows_gemm(tk.SCATTER, gate_up, None, w_gu.detach(), True, H, table, out=copy, copy=copy)
+
+
 def test_grouped_mm_is_chosen_only_on_cuda_with_aligned_rows():
     x, h = torch.zeros(4, 24), torch.zeros(4, 20)
     assert not moe_ops.wgrad_by_grouped_mm(x, h)

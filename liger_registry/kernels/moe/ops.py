@@ -81,19 +81,28 @@ def _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, route:
     dout = dout.contiguous()
     n_rows, hidden, inter = route.src.shape[0], x.shape[1], h.shape[1]
     glu = dict(act=act, limit=limit, alpha=alpha)
+    grouped = wgrad_by_grouped_mm(x, h)
+    # the down weight's gradient input (dout's rows times their weight), gathered by the GLU_BWD pass
+    dsc = x.new_empty(n_rows, hidden) if grouped else None
     dgu = torch.empty_like(gate_up)
     part = torch.zeros(tk.col_blocks(inter), n_rows, dtype=torch.float32, device=x.device)
     tk.rows_gemm(tk.GLU_BWD, dout, route.src, w_d, not out_first, inter, route, out=dgu, weights=weights,
-                 aux=gate_up, part=part, **glu)  # fmt: skip
+                 aux=gate_up, part=part, copy=dsc, **glu)  # fmt: skip
     d_weights = part.sum(0)
     if b_d is not None:
         d_weights = d_weights + _down_bias_term(dout, b_d, route)
+    if grouped:  # before the input gradient's buffer, so the gathered copies are never alive together
+        dw_d, db_d = _down_wgrad_grouped_mm(dsc, h, w_d, b_d, route, out_first)
+        del dsc
     buf = x.new_empty(n_rows, hidden)
     tk.rows_gemm(tk.SCATTER, dgu, None, w_gu, not out_first, hidden, route, out=buf, w_up=w_up)
     dx = buf.view(-1, top_k, hidden).sum(1).to(x.dtype)
     del buf  # the weight gradients' buffers take its place
-    wgrad = _wgrad_grouped_mm if wgrad_by_grouped_mm(x, h) else _wgrad_triton
-    return dx, d_weights, *wgrad(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route, out_first)
+    if not grouped:
+        return dx, d_weights, *_wgrad_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route,
+                                             out_first)  # fmt: skip
+    dw_gu, db_gu, dw_up = _gate_up_wgrad_grouped_mm(x, dgu, w_gu, b_gu, w_up, route, out_first)
+    return dx, d_weights, dw_gu, dw_d, db_gu, db_d, dw_up
 
 
 def wgrad_by_grouped_mm(x: Tensor, h: Tensor) -> bool:
@@ -140,38 +149,42 @@ def _wgrad_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route: R
     return dw_gu, dw_d, db_gu, db_d, dw_up
 
 
-def _wgrad_grouped_mm(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, dgu, h, route: Route, out_first):
-    """The weight gradients as ``torch._grouped_mm`` over the sorted rows (gathered copies of the hidden states
-    and of the routing-weighted incoming gradient, one alive at a time; the rounding of :func:`_wgrad_triton`).
-    The bias gradients are grouped GEMMs too, a block of ones times each expert's rows (fp32 accumulation, no
-    fp32 copy of the [rows, 2 * intermediate] gradient). Each weight gradient comes back in its weight's layout
-    (the fake's ``empty_like``): a weight stored as the transpose of a contiguous tensor (DBRX's down weight,
-    [in, out] seen as [out, in]) gets the transposed product, no copy."""
+def _per_expert_grad(a: Tensor, b: Tensor, w: Tensor, route: Route, out_first: bool) -> Tensor:
+    """[E, a_cols, b_cols] = a_e^T @ b_e over each expert's sorted rows (or its transpose), as
+    ``torch._grouped_mm``, in ``w``'s layout (the fake's ``empty_like``): a weight stored as the transpose of a
+    contiguous tensor (DBRX's down weight, [in, out] seen as [out, in]) gets the transposed product, no copy."""
+    lhs, rhs = (a, b) if out_first else (b, a)  # the gradient of each expert's matrix is lhs^T @ rhs
     offs = route.offsets[1:]
+    if w.stride(-1) == 1:
+        return torch._grouped_mm(lhs.t(), rhs, offs=offs)
+    return torch._grouped_mm(rhs.t(), lhs, offs=offs).transpose(1, 2)
 
-    def per_expert(a, b, w):  # [E, a_cols, b_cols] = a_e^T @ b_e, or its transpose, in w's layout
-        lhs, rhs = (a, b) if out_first else (b, a)  # the gradient of each expert's matrix is lhs^T @ rhs
-        if w.stride(-1) == 1:
-            return torch._grouped_mm(lhs.t(), rhs, offs=offs)
-        return torch._grouped_mm(rhs.t(), lhs, offs=offs).transpose(1, 2)
 
-    def bias_grad(g, b):
-        if b is None:
-            return x.new_empty(0)
-        ones = g.new_ones(g.shape[0], 16 // g.element_size())  # the narrowest block its alignment rule takes
-        # row 0 of each expert's [block, N] product is a strided view: contiguous, as the fake says (the cast
-        # copies only where the dtypes differ)
-        return torch._grouped_mm(ones.t(), g, offs=offs)[:, 0].to(b.dtype).contiguous()
+def _bias_grad(g: Tensor, b: Tensor | None, route: Route) -> Tensor:
+    """Each expert's sum of its rows of ``g``: a grouped GEMM of a block of ones (fp32 accumulation, no fp32 copy
+    of ``g``); empty when there is no bias."""
+    if b is None:
+        return g.new_empty(0)
+    ones = g.new_ones(g.shape[0], 16 // g.element_size())  # the narrowest block its alignment rule takes
+    # row 0 of each expert's [block, N] product is a strided view: contiguous, as the fake says (the cast copies
+    # only where the dtypes differ)
+    return torch._grouped_mm(ones.t(), g, offs=route.offsets[1:])[:, 0].to(b.dtype).contiguous()
 
+
+def _down_wgrad_grouped_mm(dsc, h, w_d, b_d, route: Route, out_first):
+    """The down weight's and bias's gradients from the routing-weighted incoming gradient's sorted rows
+    (``dsc``, rounded to the activations' dtype as :func:`_wgrad_triton` rounds its scaled loads)."""
+    return _per_expert_grad(dsc, h, w_d, route, out_first), _bias_grad(dsc, b_d, route)
+
+
+def _gate_up_wgrad_grouped_mm(x, dgu, w_gu, b_gu, w_up, route: Route, out_first):
+    """The gate/up weights' and bias's gradients as ``torch._grouped_mm`` over the gathered hidden states."""
     xs = x[route.src.long()]
     halves = _gate_up_halves(dgu, None, w_up)
-    dw_gu, *dw_up = [per_expert(g, xs, w) for (g, _), w in zip(halves, (w_gu, w_up), strict=False)]
+    stacked = (w_gu,) if w_up is None else (w_gu, w_up)
+    grads = [_per_expert_grad(g, xs, w, route, out_first) for (g, _), w in zip(halves, stacked, strict=True)]
     del xs
-    db_gu = bias_grad(dgu, b_gu)
-    dsc = dout[route.src.long()]
-    dsc.mul_(weights.float()[:, None])  # in place: the product in fp32, rounded once to dout's dtype
-    dsc = dsc.to(h.dtype)
-    return dw_gu, per_expert(dsc, h, w_d), db_gu, bias_grad(dsc, b_d), dw_up[0] if dw_up else x.new_empty(0)
+    return grads[0], _bias_grad(dgu, b_gu, route), grads[1] if w_up is not None else x.new_empty(0)
 
 
 def _bwd_impl(

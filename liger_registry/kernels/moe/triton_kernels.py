@@ -13,7 +13,9 @@ Two kernel shapes serve the four GEMMs of a step and the four of its backward:
   - ``SCATTER_WEIGHTED``: the down projection's bias added, times the routing weight, written to the row's
     place in token order (the sum over top-k is one reduction afterwards, deterministic);
   - ``GLU_BWD``: the gradient of the down GEMM's input, then the activation's backward on the saved gate/up and
-    the routing weight's gradient (a per-column-block partial of ``dot(G, h)``): one pass;
+    the routing weight's gradient (a per-column-block partial of ``dot(G, h)``): one pass; with ``copy``, the
+    gathered incoming-gradient rows times their routing weight are stored as they stream through the K loop
+    (the down weight's gradient input when CUDA's grouped GEMM computes it: no separate gather);
   - ``SCATTER``: the input gradient written to the row's place in token order (``SPLIT``: its K loop in two
     halves, the gate weight's then the up weight's).
 
@@ -101,9 +103,11 @@ def _prune_rows(configs, named_args, **kwargs):
 @triton.jit
 def _k_loop(
     acc, A, arow, stride_a, a_col0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-    PREC: tl.constexpr, BK: tl.constexpr,
+    copy_rows, copy_mask, copy_scale, PREC: tl.constexpr, BK: tl.constexpr, HAS_COPY: tl.constexpr,
 ):  # fmt: skip
-    """``acc += A[arow, a_col0 + k] @ B[k, bcols]`` over ``k`` in ``[0, K)``: one weight's share of a GEMM."""
+    """``acc += A[arow, a_col0 + k] @ B[k, bcols]`` over ``k`` in ``[0, K)``: one weight's share of a GEMM.
+    ``HAS_COPY``: the A tiles, times ``copy_scale`` per row, also stored at ``copy_rows`` (row pointers) where
+    ``copy_mask`` holds: a gathered, scaled copy made from loads the GEMM does anyway."""
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
         kmask = ks < K
@@ -112,6 +116,9 @@ def _k_loop(
             mask=rmask[:, None] & kmask[None, :],
             other=0.0,
         )
+        if HAS_COPY:
+            scaled = (a.to(tl.float32) * copy_scale[:, None]).to(copy_rows.dtype.element_ty)
+            tl.store(copy_rows + ks[None, :], scaled, mask=copy_mask[:, None] & kmask[None, :])
         b_ptr = b_base + bcols[None, :] * stride_bn + ks[:, None] * stride_bk
         b = tl.load(b_ptr, mask=kmask[:, None] & bcmask[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PREC)
@@ -120,7 +127,7 @@ def _k_loop(
 
 @triton.autotune(
     _rows_configs(),
-    key=["N", "K", "MODE", "BM", "STEP", "SPLIT"],
+    key=["N", "K", "MODE", "BM", "STEP", "SPLIT", "HAS_COPY"],
     prune_configs_by={"early_config_prune": _prune_rows},
     # the routing weight's partials: one row per column block, and the block differs per config; each trial
     # starts from the zeros the launcher gives, so rows a wider block leaves unwritten stay zero
@@ -132,9 +139,9 @@ def _rows_kernel(
     B, B2, stride_be, stride_bn, stride_bk,
     BIAS, stride_bias,
     C, stride_c, C2, stride_c2,
-    DEST, W, AUX, stride_aux, PART, stride_part,
+    DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
     BLOCKS, n_blocks, N, K, limit, alpha,
-    MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+    MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_COPY: tl.constexpr, ACT: tl.constexpr,
     UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
@@ -161,6 +168,10 @@ def _rows_kernel(
     up_base = B2 + e.to(tl.int64) * stride_be if SPLIT else b_base + UP_OFF * stride_bn
     acc = tl.zeros((BM, BN * WIDE), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    # HAS_COPY (GLU_BWD): the first column block's programs also write the gathered rows times their weight
+    copy_rows = COPY + rows.to(tl.int64)[:, None] * stride_copy
+    copy_mask = rmask & (pid_n == 0)
+    w_rows = tl.load(W + rows, mask=rmask, other=0.0).to(tl.float32) if HAS_COPY else rmask.to(tl.float32)
     if GATE_UP:
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
@@ -178,12 +189,12 @@ def _rows_kernel(
         # dX = dgu @ [W_gate | W_up]: dgu's gate columns times the gate weight, its up columns the up weight
         half = K // 2
         acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, half,
-                      PREC, BK)  # fmt: skip
+                      copy_rows, copy_mask, w_rows, PREC, BK, False)  # fmt: skip
         acc = _k_loop(acc, A, arow, stride_a, half, rmask, up_base, stride_bn, stride_bk, bcols, bcmask, half,
-                      PREC, BK)  # fmt: skip
+                      copy_rows, copy_mask, w_rows, PREC, BK, False)  # fmt: skip
     else:
         acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-                      PREC, BK)  # fmt: skip
+                      copy_rows, copy_mask, w_rows, PREC, BK, HAS_COPY)  # fmt: skip
     mask = rmask[:, None] & cmask[None, :]
     DT = C.dtype.element_ty
     if MODE == 0:
@@ -319,6 +330,7 @@ def rows_gemm(
     weights: torch.Tensor | None = None,
     aux: torch.Tensor | None = None,
     part: torch.Tensor | None = None,
+    copy: torch.Tensor | None = None,
     act: str = "swiglu",
     limit: float = 0.0,
     alpha: float = 0.0,
@@ -326,7 +338,9 @@ def rows_gemm(
     """One ``_rows_kernel`` launch over every expert (see the module docstring for the modes). ``w``: the stacked
     weight, ``out_first``: whether its per-expert matrix is [n, k] (else [k, n]); ``n``: output columns (the
     intermediate size for the GLU modes). ``w_up``: the up weight when ``w`` holds only the gate's (same shape and
-    strides; GLU_FWD and SCATTER)."""
+    strides; GLU_FWD and SCATTER). ``copy`` [rows, k] (GLU_BWD): receives ``a[a_idx] * weights``."""
+    if copy is not None and mode != GLU_BWD:
+        raise ValueError("rows_gemm: copy is written by the GLU_BWD mode only")
     if w_up is not None and w_up.stride() != w.stride():
         raise ValueError(
             f"rows_gemm: the up weight's strides {w_up.stride()} are not its gate's {w.stride()}"
@@ -347,8 +361,10 @@ def rows_gemm(
         route.dest, weights if weights is not None else dummy,
         aux if aux is not None else dummy, aux.stride(0) if aux is not None else 0,
         part if part is not None else dummy, part.stride(0) if part is not None else 0,
+        copy if copy is not None else dummy, copy.stride(0) if copy is not None else 0,
         route.blocks, n_blocks, n, k, float(limit), float(alpha),
-        MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, ACT=ACT_CODES[act],
+        MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, HAS_COPY=copy is not None,
+        ACT=ACT_CODES[act],
         UP_OFF=up_off, STEP=step, SPLIT=w_up is not None, PREC=_precision(w), BM=route.block_m,
     )  # fmt: skip
 
