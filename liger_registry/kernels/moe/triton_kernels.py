@@ -86,7 +86,12 @@ def _store_pair(
 def _rows_configs():
     if interpreting():
         return [triton.Config({"BN": 16, "BK": 16, "GROUP_M": 4}, num_warps=4, num_stages=1)]
-    shapes = ((128, 64, 8, 3), (128, 64, 4, 4), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 8, 3))
+    # the 8-warp 64-column blocks: the GLU epilogues (two [BM, BN] accumulators or saved gate/up tiles) fit their
+    # registers, where the wider or 4-warp blocks spill (ptxas, sm_90)
+    shapes = (
+        (128, 64, 8, 3), (128, 64, 4, 4), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 8, 3),
+        (64, 64, 8, 3), (64, 64, 8, 4), (64, 128, 8, 3),
+    )  # fmt: skip
     return [
         triton.Config({"BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=w, num_stages=st)
         for bn, bk, w, st in shapes
@@ -168,9 +173,9 @@ def _rows_kernel(
     up_base = B2 + e.to(tl.int64) * stride_be if SPLIT else b_base + UP_OFF * stride_bn
     acc = tl.zeros((BM, BN * WIDE), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
-    # HAS_COPY (GLU_BWD): the first column block's programs also write the gathered rows times their weight
+    # HAS_COPY (GLU_BWD): the first column block's programs also write the gathered rows times their weight, in
+    # a loop of their own (the other programs' loop stays a plain GEMM's)
     copy_rows = COPY + rows.to(tl.int64)[:, None] * stride_copy
-    copy_mask = rmask & (pid_n == 0)
     w_rows = tl.load(W + rows, mask=rmask, other=0.0).to(tl.float32) if HAS_COPY else rmask.to(tl.float32)
     if GATE_UP:
         for k0 in range(0, K, BK):
@@ -189,12 +194,19 @@ def _rows_kernel(
         # dX = dgu @ [W_gate | W_up]: dgu's gate columns times the gate weight, its up columns the up weight
         half = K // 2
         acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, half,
-                      copy_rows, copy_mask, w_rows, PREC, BK, False)  # fmt: skip
+                      copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
         acc = _k_loop(acc, A, arow, stride_a, half, rmask, up_base, stride_bn, stride_bk, bcols, bcmask, half,
-                      copy_rows, copy_mask, w_rows, PREC, BK, False)  # fmt: skip
+                      copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
+    elif HAS_COPY:
+        if pid_n == 0:
+            acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
+                          copy_rows, rmask, w_rows, PREC, BK, True)  # fmt: skip
+        else:
+            acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
+                          copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
     else:
         acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-                      copy_rows, copy_mask, w_rows, PREC, BK, HAS_COPY)  # fmt: skip
+                      copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
     mask = rmask[:, None] & cmask[None, :]
     DT = C.dtype.element_ty
     if MODE == 0:
