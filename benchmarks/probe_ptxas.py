@@ -7,6 +7,7 @@ Integer arguments are compiled as the JIT specialises them on a GPU (strides and
 16-byte aligned). Needs the installed triton's ptxas (shipped with its CUDA backend).
 
 Usage (without TRITON_INTERPRET): python benchmarks/probe_ptxas.py [--arch 90] [--shape qwen3|gpt_oss] [--modes 0,1,2,3]
+    [--bm 128]
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def _signature(names: list[str], constexprs: dict) -> dict[str, str]:
     return {n: kind(n) for n in names}
 
 
-def compile_rows(mode: int, config: triton.Config, shape: dict, arch: int, copy: bool):
+def compile_rows(mode: int, config: triton.Config, shape: dict, arch: int, copy: bool, bm: int = 128):
     """The compiled kernel for one mode and config (bf16 activations, gathered A rows in the GLU modes)."""
     fn = tk._rows_kernel.fn
     names = fn.arg_names
     constexprs = dict(
         MODE=mode, HAS_IDX=mode in (tk.GLU_FWD, tk.GLU_BWD), HAS_BIAS=shape["bias"] and mode != tk.GLU_BWD,
         HAS_COPY=copy, ACT=ACT_CODES[shape["act"]], UP_OFF=1 if shape["step"] == 2 else 768, STEP=shape["step"],
-        SPLIT=False, PREC="tf32", BM=128, **config.kwargs,
+        SPLIT=False, PREC="tf32", BM=bm, **config.kwargs,
     )  # fmt: skip
     sig = _signature(names, constexprs)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride") or n in ("N", "K")]
@@ -92,18 +93,19 @@ def main() -> None:
     p.add_argument("--arch", type=int, default=90)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3")
     p.add_argument("--modes", default="0,1,2,3")
+    p.add_argument("--bm", type=int, default=128, help="rows per block (the routing table's: 64 or 128)")
     args = p.parse_args()
     if INTERPRET_AT_IMPORT:
         raise SystemExit("probe_ptxas: run without TRITON_INTERPRET (the kernels compile for the GPU target)")
     shape = SHAPES[args.shape]
     print(
-        f"_rows_kernel for sm_{args.arch}, {args.shape} epilogue {shape}, BM 128, triton {triton.__version__}"
+        f"_rows_kernel for sm_{args.arch}, {args.shape} epilogue {shape}, BM {args.bm}, triton {triton.__version__}"
     )
     for mode in map(int, args.modes.split(",")):
         configs = tk._prune_rows(tk._rows_configs(), {"MODE": mode})
         for copy in (False, True) if mode == tk.GLU_BWD else (False,):
             for c in configs:
-                kernel = compile_rows(mode, c, shape, args.arch, copy)
+                kernel = compile_rows(mode, c, shape, args.arch, copy, args.bm)
                 ir = kernel.asm["ttgir"]
                 label = f"{MODES[mode]}{' +copy' if copy else ''}"
                 print(
