@@ -108,11 +108,11 @@ def _prune_rows(configs, named_args, **kwargs):
 @triton.jit
 def _k_loop(
     acc, A, arow, stride_a, a_col0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-    copy_rows, copy_mask, copy_scale, PREC: tl.constexpr, BK: tl.constexpr, HAS_COPY: tl.constexpr,
+    copy_rows, copy_scale, PREC: tl.constexpr, BK: tl.constexpr, HAS_COPY: tl.constexpr,
 ):  # fmt: skip
     """``acc += A[arow, a_col0 + k] @ B[k, bcols]`` over ``k`` in ``[0, K)``: one weight's share of a GEMM.
-    ``HAS_COPY``: the A tiles, times ``copy_scale`` per row, also stored at ``copy_rows`` (row pointers) where
-    ``copy_mask`` holds: a gathered, scaled copy made from loads the GEMM does anyway."""
+    ``HAS_COPY``: the A tiles, times ``copy_scale`` per row, also stored at ``copy_rows`` (row pointers): a
+    gathered, scaled copy made from loads the GEMM does anyway."""
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
         kmask = ks < K
@@ -123,7 +123,7 @@ def _k_loop(
         )
         if HAS_COPY:
             scaled = (a.to(tl.float32) * copy_scale[:, None]).to(copy_rows.dtype.element_ty)
-            tl.store(copy_rows + ks[None, :], scaled, mask=copy_mask[:, None] & kmask[None, :])
+            tl.store(copy_rows + ks[None, :], scaled, mask=rmask[:, None] & kmask[None, :])
         b_ptr = b_base + bcols[None, :] * stride_bn + ks[:, None] * stride_bk
         b = tl.load(b_ptr, mask=kmask[:, None] & bcmask[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PREC)
@@ -194,19 +194,19 @@ def _rows_kernel(
         # dX = dgu @ [W_gate | W_up]: dgu's gate columns times the gate weight, its up columns the up weight
         half = K // 2
         acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, half,
-                      copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
+                      copy_rows, w_rows, PREC, BK, False)  # fmt: skip
         acc = _k_loop(acc, A, arow, stride_a, half, rmask, up_base, stride_bn, stride_bk, bcols, bcmask, half,
-                      copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
+                      copy_rows, w_rows, PREC, BK, False)  # fmt: skip
     elif HAS_COPY:
         if pid_n == 0:
             acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-                          copy_rows, rmask, w_rows, PREC, BK, True)  # fmt: skip
+                          copy_rows, w_rows, PREC, BK, True)  # fmt: skip
         else:
             acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-                          copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
+                          copy_rows, w_rows, PREC, BK, False)  # fmt: skip
     else:
         acc = _k_loop(acc, A, arow, stride_a, 0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
-                      copy_rows, rmask, w_rows, PREC, BK, False)  # fmt: skip
+                      copy_rows, w_rows, PREC, BK, False)  # fmt: skip
     mask = rmask[:, None] & cmask[None, :]
     DT = C.dtype.element_ty
     if MODE == 0:
