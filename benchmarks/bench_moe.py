@@ -268,6 +268,23 @@ def ours_method(shape: str | None = None):
     return fn
 
 
+def autotune_picks() -> dict[str, str]:
+    """Our MoE kernels' autotuner choices so far, ``kernel(key) -> config``: two runs whose times differ may differ
+    in these (the key holds no row count, so a shape's first token count chooses for the others)."""
+    try:
+        from liger_registry.kernels.moe import triton_kernels
+    except ImportError:
+        return {}
+    picks = {}
+    for name in ("_rows_kernel", "_wgrad_kernel"):
+        tuner = getattr(triton_kernels, name, None)
+        for key, config in getattr(tuner, "cache", {}).items():
+            # the key's named values, then the dtypes triton appends: zip stops at the names
+            args = ", ".join(f"{k}={v}" for k, v in zip(tuner.keys, key, strict=False))
+            picks[f"{name}({args})"] = str(config)
+    return picks
+
+
 def method_fns(module, shape: str, names: list[str]) -> dict:
     """name -> fn, or name -> Exception when it cannot be built here."""
     out = {}
@@ -433,6 +450,8 @@ def bench_shape(shape: str, tokens: int, names: list[str], args, device: str, dt
                     traceback.print_exc()  # the transformers implementations' refusals are one line
         if "ms" in m:
             m["tflops"] = flops / (m["ms"] * 1e-3) / 1e12
+        if name == "ours" and "ms" in m:
+            m["autotune"] = autotune_picks()
         row["methods"][name] = m
         free(cuda)
         what = (
@@ -441,6 +460,8 @@ def bench_shape(shape: str, tokens: int, names: list[str], args, device: str, dt
             else f"skipped: {m['error'][:160]}"
         )
         print(f"  {shape} T{tokens} {name:<14} {what} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        for kernel, config in m.get("autotune", {}).items():
+            print(f"    autotune {kernel}: {config}")
     row["reference"] = ref_name
     del inp, module, ref
     free(cuda)

@@ -99,8 +99,8 @@ for p in ${*:-tests flce e2e}; do
             part verify-parity "${T_PARITY:-240}" 40 python3 -m pytest -q -p no:cacheprovider tests/convergence \
               -k "gpu and not with_logits and (${VERIFY_FAMILIES:-deepseek_v4 or \
 olmo or gemma4 or gemma3n or deepseek_v2 or deepseek_v3 or glm4_moe_lite or granitemoehybrid or cohere or moe_experts_switched_off})" ;;
-    moe) part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
-           tests/modules/test_moe_forward.py
+    moe) # the GPU-only tests: the CPU ones are CI's, and on the device they would use up the part's time
+         part moe-tests "${T_MOE:-120}" 12 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py -k gpu_bf16
          part moe-probe "${T_MOE_PROBE:-150}" 40 python3 benchmarks/probe_moe_kernels.py --tokens 4096,16384
          part moe-bench "${T_MOE_BENCH:-300}" 60 python3 benchmarks/bench_moe.py $MOE_ARGS ;;
     compile) t=$(( ${T_COMPILE:-300} < $(left) ? ${T_COMPILE:-300} : $(left) ))

@@ -371,6 +371,19 @@ def test_moe_cpu_smoke_serves_every_shape(tmp_path: Path) -> None:
         assert "d_mlp.v1" in ours["rel_diff"] or row["shape"] != "dbrx"  # the separate up weight's gradient
 
 
+def test_moe_autotune_picks_name_each_kernel_key_and_config(monkeypatch) -> None:
+    """bench_moe records the autotuners' choices per key (the key's names, not its trailing dtype strings)."""
+    from types import SimpleNamespace
+
+    from liger_registry.kernels.moe import triton_kernels
+
+    moe = _load("bench_moe.py")
+    rows = SimpleNamespace(keys=["N", "MODE"], cache={(1536, 0, "torch.bfloat16"): "BN: 64, num_warps: 8"})
+    monkeypatch.setattr(triton_kernels, "_rows_kernel", rows)
+    monkeypatch.setattr(triton_kernels, "_wgrad_kernel", SimpleNamespace(keys=["M"], cache={}))
+    assert moe.autotune_picks() == {"_rows_kernel(N=1536, MODE=0)": "BN: 64, num_warps: 8"}
+
+
 def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
     """bench_llama4_moe.py on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
     (output and every gradient)."""
