@@ -270,7 +270,7 @@ def ours_method(shape: str | None = None):
 
 def autotune_picks() -> dict[str, str]:
     """Our MoE kernels' autotuner choices so far, ``kernel(key) -> config``: two runs whose times differ may differ
-    in these (the key holds no row count, so a shape's first token count chooses for the others)."""
+    in these (the key's ROWS is the routed rows' power-of-two bucket, one pick per token count's bucket)."""
     try:
         from liger_registry.kernels.moe import triton_kernels
     except ImportError:

@@ -132,7 +132,8 @@ def _k_loop(
 
 @triton.autotune(
     _rows_configs(),
-    key=["N", "K", "MODE", "BM", "STEP", "SPLIT", "HAS_COPY"],
+    # ROWS: the routed rows' power-of-two bucket, so 4k- and 16k-token steps keep picks of their own
+    key=["N", "K", "ROWS", "MODE", "BM", "STEP", "SPLIT", "HAS_COPY"],
     prune_configs_by={"early_config_prune": _prune_rows},
     # the routing weight's partials: one row per column block, and the block differs per config; each trial
     # starts from the zeros the launcher gives, so rows a wider block leaves unwritten stay zero
@@ -145,7 +146,7 @@ def _rows_kernel(
     BIAS, stride_bias,
     C, stride_c, C2, stride_c2,
     DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
-    BLOCKS, n_blocks, N, K, limit, alpha,
+    BLOCKS, n_blocks, N, K, ROWS, limit, alpha,
     MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_COPY: tl.constexpr, ACT: tl.constexpr,
     UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
@@ -261,12 +262,12 @@ def _wgrad_configs():
     ]
 
 
-@triton.autotune(_wgrad_configs(), key=["M", "N", "HAS_A_IDX", "HAS_SCALE", "HAS_B_IDX", "HAS_DBIAS"])
+@triton.autotune(_wgrad_configs(), key=["M", "N", "ROWS", "HAS_A_IDX", "HAS_SCALE", "HAS_B_IDX", "HAS_DBIAS"])
 @triton.jit
 def _wgrad_kernel(
     A, stride_a, A_IDX, W, B, stride_b, B_IDX,
     OUT, stride_oe, stride_om, stride_on, DBIAS, stride_dbias,
-    OFFSETS, M, N,
+    OFFSETS, M, N, ROWS,
     HAS_A_IDX: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_B_IDX: tl.constexpr, HAS_DBIAS: tl.constexpr,
     PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
@@ -318,6 +319,12 @@ def col_blocks(n: int) -> int:
 def _precision(t: torch.Tensor) -> str:
     """fp32 GEMMs in full precision (the eager matmul's), not TF32."""
     return "ieee" if t.dtype == torch.float32 else "tf32"
+
+
+def _rows_bucket(route) -> int:
+    """The autotune key's row count: the routed rows rounded up to a power of two (a step's exact count varies
+    with nothing but the batch, and one retune per bucket is enough)."""
+    return triton.next_power_of_2(route.dest.numel())
 
 
 def _nk_strides(w: torch.Tensor, out_first: bool) -> tuple[int, int, int]:
@@ -374,7 +381,7 @@ def rows_gemm(
         aux if aux is not None else dummy, aux.stride(0) if aux is not None else 0,
         part if part is not None else dummy, part.stride(0) if part is not None else 0,
         copy if copy is not None else dummy, copy.stride(0) if copy is not None else 0,
-        route.blocks, n_blocks, n, k, float(limit), float(alpha),
+        route.blocks, n_blocks, n, k, _rows_bucket(route), float(limit), float(alpha),
         MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, HAS_COPY=copy is not None,
         ACT=ACT_CODES[act],
         UP_OFF=up_off, STEP=step, SPLIT=w_up is not None, PREC=_precision(w), BM=route.block_m,
@@ -406,7 +413,7 @@ def wgrad_gemm(
         a, a.stride(0), a_idx if a_idx is not None else out, scale if scale is not None else out,
         b, b.stride(0), b_idx if b_idx is not None else out,
         out, se, s_m, s_n, dbias if dbias is not None else out, dbias.stride(0) if dbias is not None else 0,
-        route.offsets, m, n,
+        route.offsets, m, n, _rows_bucket(route),
         HAS_A_IDX=a_idx is not None, HAS_SCALE=scale is not None, HAS_B_IDX=b_idx is not None,
         HAS_DBIAS=dbias is not None, PREC=_precision(b),
     )  # fmt: skip
