@@ -37,6 +37,7 @@ Usage: python benchmarks/bench_moe.py [--shapes qwen3_moe,mixtral,gpt_oss,dbrx] 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import inspect
@@ -127,7 +128,11 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--tokens", default="4096,16384")
-    p.add_argument("--methods", default="all", help="comma list (hf:eager, hf:grouped_mm, ..., liger, ours)")
+    p.add_argument(
+        "--methods",
+        default="all",
+        help="comma list (hf:eager, hf:grouped_mm, ..., liger, ours, ours:bmN: N rows per block)",
+    )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
@@ -252,8 +257,23 @@ def liger_method(module, shape: str):
     return fn
 
 
-def ours_method(shape: str | None = None):
-    """experts_forward(module, hidden_states, top_k_index, top_k_weights[, gate=the family's gate])."""
+@contextlib.contextmanager
+def forced_block_rows(block_m: int | None):
+    """Every routing table built inside gets ``block_m`` rows per block (None: the library's choice)."""
+    from liger_registry.kernels.moe import routing
+
+    chosen = routing.block_rows
+    if block_m is not None:
+        routing.block_rows = lambda n_rows, n_experts: block_m
+    try:
+        yield
+    finally:
+        routing.block_rows = chosen
+
+
+def ours_method(shape: str | None = None, block_m: int | None = None):
+    """experts_forward(module, hidden_states, top_k_index, top_k_weights[, gate=the family's gate]); ``block_m``
+    (method ``ours:bmN``): the routing's rows per block forced to N, to compare with the library's choice."""
     from liger_registry.modules.moe import experts_forward
 
     spec = SHAPES[shape] if shape else {}
@@ -263,7 +283,8 @@ def ours_method(shape: str | None = None):
         raise Skip(f"experts_forward takes no {', '.join(sorted(missing))}: cannot run this shape's layout")
 
     def fn(module, x, idx, w):
-        return experts_forward(module, x, idx, w, **options).reshape(x.shape)
+        with forced_block_rows(block_m):
+            return experts_forward(module, x, idx, w, **options).reshape(x.shape)
 
     return fn
 
@@ -296,6 +317,8 @@ def method_fns(module, shape: str, names: list[str]) -> dict:
                 out[name] = liger_method(module, shape)
             elif name == "ours":
                 out[name] = ours_method(shape)
+            elif name.startswith("ours:bm") and name[7:].isdigit():
+                out[name] = ours_method(shape, block_m=int(name[7:]))
             else:
                 raise Skip(f"unknown method {name!r}")
         except Exception as exc:  # noqa: BLE001 - an absent peer / ours is a skipped row
@@ -446,11 +469,11 @@ def bench_shape(shape: str, tokens: int, names: list[str], args, device: str, dt
                 del got
             except Exception as exc:  # noqa: BLE001 - an OOM or a missing kernel is this row's result
                 m = {"error": reason(exc)}
-                if name in ("liger", "ours") and type(exc).__name__ not in SKIP_ERRORS:
+                if (name == "liger" or name.startswith("ours")) and type(exc).__name__ not in SKIP_ERRORS:
                     traceback.print_exc()  # the transformers implementations' refusals are one line
         if "ms" in m:
             m["tflops"] = flops / (m["ms"] * 1e-3) / 1e12
-        if name == "ours" and "ms" in m:
+        if name.startswith("ours") and "ms" in m:
             m["autotune"] = autotune_picks()
         row["methods"][name] = m
         free(cuda)

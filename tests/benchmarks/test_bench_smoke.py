@@ -384,6 +384,23 @@ def test_moe_autotune_picks_name_each_kernel_key_and_config(monkeypatch) -> None
     assert moe.autotune_picks() == {"_rows_kernel(N=1536, MODE=0)": "BN: 64, num_warps: 8"}
 
 
+def test_moe_block_rows_method_forces_the_routing_block_and_restores_it() -> None:
+    """``ours:bmN`` runs ours with N rows per block (the routing tables built inside have it), then the library's
+    choice again; a malformed ``ours:bm`` name is an unknown method."""
+    import torch
+
+    from liger_registry.kernels.moe import routing
+
+    moe = _load("bench_moe.py")
+    idx = torch.randint(0, 4, (64, 2))
+    chosen = routing.route(idx, 4).block_m
+    with moe.forced_block_rows(16):
+        assert routing.route(idx, 4).block_m == 16
+    assert routing.route(idx, 4).block_m == chosen == routing.block_rows(128, 4)
+    fns = moe.method_fns(None, "qwen3_moe", ["ours:bm16", "ours:bmx"])
+    assert callable(fns["ours:bm16"]) and "unknown method" in str(fns["ours:bmx"])
+
+
 def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
     """bench_llama4_moe.py on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
     (output and every gradient)."""
