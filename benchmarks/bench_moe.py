@@ -47,6 +47,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -257,18 +258,13 @@ def liger_method(module, shape: str):
     return fn
 
 
-@contextlib.contextmanager
 def forced_block_rows(block_m: int | None):
     """Every routing table built inside gets ``block_m`` rows per block (None: the library's choice)."""
     from liger_registry.kernels.moe import routing
 
-    chosen = routing.block_rows
-    if block_m is not None:
-        routing.block_rows = lambda n_rows, n_experts: block_m
-    try:
-        yield
-    finally:
-        routing.block_rows = chosen
+    if block_m is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(routing, "block_rows", lambda n_rows, n_experts: block_m)
 
 
 def ours_method(shape: str | None = None, block_m: int | None = None):
@@ -317,8 +313,8 @@ def method_fns(module, shape: str, names: list[str]) -> dict:
                 out[name] = liger_method(module, shape)
             elif name == "ours":
                 out[name] = ours_method(shape)
-            elif name.startswith("ours:bm") and name[7:].isdigit():
-                out[name] = ours_method(shape, block_m=int(name[7:]))
+            elif name.startswith("ours:bm") and (n := name.removeprefix("ours:bm")).isdigit():
+                out[name] = ours_method(shape, block_m=int(n))
             else:
                 raise Skip(f"unknown method {name!r}")
         except Exception as exc:  # noqa: BLE001 - an absent peer / ours is a skipped row
