@@ -14,6 +14,7 @@ the JSON goes to benchmarks/results/ (and to $OUT when that is set).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -214,6 +215,7 @@ def worker(args: argparse.Namespace) -> None:
                     print(f"done {name} {wrapper} {'patched' if patched else 'unpatched'}", flush=True)
     if rank == 0:
         report(results, args, world)
+    gc.collect()  # FSDP's reference cycles hold gloo work; freed at interpreter shutdown they abort the rank
     dist.destroy_process_group()
 
 

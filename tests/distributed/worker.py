@@ -3,6 +3,7 @@ each rank saw (losses, full gradients, whether the head was fused) to $OUT_DIR/r
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -100,6 +101,7 @@ def main() -> None:
         dist.barrier()
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    gc.collect()  # FSDP's reference cycles hold gloo work; freed at interpreter shutdown they abort the rank
     dist.destroy_process_group()
 
 
