@@ -670,7 +670,8 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     verdict.spec = {k: v for k, v in spec.items() if k == "gate_up" or v != f"{k}_proj"}
     if option is not None:
         verdict.spec[option[0]] = option[1]
-    if act_attr not in (None, "hidden_act"):
+    if act_attr != "hidden_act":
+        # None: the config names no activation (Lfm2MoeMLP hard-codes silu); the numbers above said which
         verdict.spec["act_config_attr"] = act_attr
     return verdict
 
