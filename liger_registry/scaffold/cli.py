@@ -43,7 +43,8 @@ def parse_setting(text: str) -> tuple[str, Any]:
     return name, raw
 
 
-EVERY_TYPE = ("report", "cap")  # the options of `scaffold --all`
+EVERY_TYPE = ("report", "cap")
+OPTION_FLAGS = {"settings": "set"}  # an option whose flag is not its attribute name  # the options of `scaffold --all`
 
 
 def _check_mode(args) -> None:
@@ -55,7 +56,8 @@ def _check_mode(args) -> None:
     ]
     if stray:
         mode = "a MODEL_TYPE, not with --all" if args.all else "--all, not with a MODEL_TYPE"
-        raise UsageError(f"{', '.join('--' + name for name in stray)} goes with {mode}")
+        flags = ", ".join("--" + OPTION_FLAGS.get(name, name) for name in stray)
+        raise UsageError(f"{flags} goes with {mode}")
 
 
 def _taken(registry: Registry, family: str, model_types: list[str], path: Path) -> str | None:
