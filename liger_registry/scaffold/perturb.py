@@ -6,6 +6,7 @@ a change to one of them can."""
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +20,17 @@ from liger_registry.schemas import FamilyEntry
 from liger_registry.schemas.family import HEAD_CONFIG_ATTRS
 
 TOLERANCE = 1e-5  # fp32: |patched - unpatched| / (1 + |unpatched|), of the loss
-# A change of the unpatched loss below this (relative, as above) is too small to tell whether the patched model
-# follows it: an attribute the entry names must move the loss at least this much for the check to pin it down.
-MOVED = 1e-4
+# A patched model that did not follow a change of the unpatched loss differs from it by that change: one larger
+# than the tolerance (with a margin) shows. An attribute the entry names must move the loss this much to be
+# pinned down.
+MOVED = 3 * TOLERANCE
 # Tried in turn until the unpatched loss moves: the strongest change first (a softcap or a multiplier a tenth
-# bends tiny-model logits far more than twice; an epsilon ten times larger is the one that shows).
-FLOAT_FACTORS = (0.1, 10.0, 0.5)
+# bends tiny-model logits far more than twice; an epsilon ten times larger is the one that shows); a softcap a
+# hundredth bends even the small logits of a tiny model.
+FLOAT_FACTORS = (0.1, 10.0, 0.01)
 EPS_FACTORS = (10.0, 0.1)
+# A fraction (partial_rotary_factor) stays one: a tenth of a tiny head's rotary width is no rotation at all.
+_FRACTION = re.compile(r"factor|ratio")
 INT_STEPS = (1, -1)
 
 
@@ -128,10 +133,13 @@ def changed_values(attr: str, value: Any) -> list[Any]:
         return [not value]
     if isinstance(value, int):
         return [v for v in (value + s for s in INT_STEPS) if v >= 1]
-    if isinstance(value, float):
-        factors = EPS_FACTORS if "eps" in attr.rsplit(".", 1)[-1] else FLOAT_FACTORS
-        return [float(f"{value * f:.6g}") for f in factors] if value else [0.5, 2.0]
-    return []
+    if not isinstance(value, float):
+        return []
+    name = attr.rsplit(".", 1)[-1]
+    if _FRACTION.search(name) and 0 < value <= 1:
+        return [value / 2] + ([1.0] if value < 1 else [])
+    factors = EPS_FACTORS if "eps" in name else FLOAT_FACTORS
+    return [float(f"{value * f:.6g}") for f in factors] if value else [0.5, 2.0]
 
 
 def _loss(model, batch: dict, moe: bool) -> float:
