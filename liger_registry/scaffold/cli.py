@@ -43,8 +43,8 @@ def parse_setting(text: str) -> tuple[str, Any]:
     return name, raw
 
 
-EVERY_TYPE = ("report", "cap")
-OPTION_FLAGS = {"settings": "set"}  # an option whose flag is not its attribute name  # the options of `scaffold --all`
+EVERY_TYPE = ("report", "cap")  # the options of `scaffold --all`
+OPTION_FLAGS = {"settings": "set"}  # an option whose flag is not its attribute name
 
 
 def _check_mode(args) -> None:

@@ -6,9 +6,9 @@ import copy
 import difflib
 import inspect as pyinspect
 import itertools
+import linecache
 import math
 import re
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,17 +111,40 @@ class MissingConfig(Refused):
 
 
 _CONFIG_READ = re.compile(r"\bconfig\.(\w+)")
+_SELF_READ = re.compile(r"\bself\.(\w+)")
+
+
+def _frames(exc: BaseException) -> list[tuple[Any, int]]:
+    """(frame, line number) of each step of the traceback of `exc`, innermost first."""
+    found, tb = [], exc.__traceback__
+    while tb is not None:
+        found.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return found[::-1]
+
+
+def _config_names(frame: Any, line: str) -> list[str]:
+    """Config fields a line reads: `config.x` itself, or `self.x` where the function set `self.x = config.y`
+    before it (Qwen4ExpTextQSAIndexer's `self.token_budget // self.compress_ratio`)."""
+    names = _CONFIG_READ.findall(line)
+    try:
+        source = pyinspect.getsource(frame.f_code)
+    except (OSError, TypeError):
+        return names
+    aliases = dict(re.findall(r"self\.(\w+)\s*=\s*(?:self\.)?config\.(\w+)\s*$", source, re.M))
+    return names + [aliases[n] for n in _SELF_READ.findall(line) if n in aliases]
 
 
 def missing_fields(exc: BaseException, configs: list[Any]) -> dict[str, str]:
     """Config fields that are None in every one of `configs` and are read on a line of the traceback of `exc`
     (innermost first), each with that line: the fields whose absence raised it."""
     found: dict[str, str] = {}
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        for name in _CONFIG_READ.findall(frame.line or ""):
+    for frame, lineno in _frames(exc):
+        line = linecache.getline(frame.f_code.co_filename, lineno).strip()
+        for name in _config_names(frame, line):
             known = [c for c in configs if name in c.to_dict()]
             if known and all(getattr(c, name, None) is None for c in known) and name not in found:
-                found[name] = f"{Path(frame.filename).name}:{frame.lineno} `{frame.line.strip()[:100]}`"
+                found[name] = f"{Path(frame.f_code.co_filename).name}:{lineno} `{line[:100]}`"
     return found
 
 

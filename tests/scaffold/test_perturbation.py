@@ -130,3 +130,30 @@ def test_malformed_set_is_a_usage_error(text, capsys):
 def test_set_goes_with_a_model_type_only(capsys):
     assert cli.main(["scaffold", "--all", "--set", "a=1"]) == 2
     assert "--set" in capsys.readouterr().err
+
+
+class _Config:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    def to_dict(self):
+        return dict(self.__dict__)
+
+
+class _Indexer:
+    """A field read through an attribute its __init__ copied from the config, as Qwen4ExpTextQSAIndexer does."""
+
+    def __init__(self, config):
+        self.token_budget = config.token_budget
+        self.block = self.token_budget // 2
+
+
+def test_a_field_read_through_an_attribute_copied_from_the_config_is_named():
+    config = _Config(token_budget=None, hidden_size=32)
+    with pytest.raises(TypeError) as caught:
+        _Indexer(config)
+    found = draft_module.missing_fields(caught.value, [config])
+    assert list(found) == ["token_budget"] and "self.token_budget // 2" in found["token_budget"]
+    assert isinstance(draft_module.refusal("cannot build", caught.value, [config]), MissingConfig)
+    other = draft_module.refusal("cannot build", ValueError("x"), [config])
+    assert type(other) is Refused and str(other) == "cannot build: ValueError: x"
