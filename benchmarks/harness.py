@@ -395,12 +395,18 @@ def cell(value, spec: str = "") -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return format(value, spec) if spec and isinstance(value, int | float) else str(value)
+    return format(value, spec) if spec not in ("", ">") and isinstance(value, int | float) else str(value)
 
 
-def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence], title: str = "") -> str:
-    """A plain text table: ``columns`` as (header, format spec); text left-aligned, numbers right-aligned."""
+def table(
+    columns: Sequence[tuple[str, str]], rows: Iterable[Sequence], title: str = "", markdown: bool = False
+) -> str:
+    """A plain text table: ``columns`` as (header, format spec; a spec right-aligns the column, ">" alone for
+    text); or a Markdown table."""
     body = [[cell(v, spec) for v, (_, spec) in zip(row, columns, strict=True)] for row in rows]
+    if markdown:
+        lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+        return "\n".join(([title] if title else []) + lines + ["| " + " | ".join(r) + " |" for r in body])
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, (h, _) in enumerate(columns)]
     numeric = [bool(spec) for _, spec in columns]
 
@@ -413,8 +419,10 @@ def table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence], title: s
     return "\n".join(lines + [line(r) for r in body])
 
 
-def print_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence], title: str = "") -> None:
-    print("\n" + table(columns, rows, title), flush=True)
+def print_table(
+    columns: Sequence[tuple[str, str]], rows: Iterable[Sequence], title: str = "", markdown: bool = False
+) -> None:
+    print("\n" + table(columns, rows, title, markdown), flush=True)
 
 
 def plot(draw: Callable, path: Path) -> str:
