@@ -160,7 +160,7 @@ def parse(argv=None) -> argparse.Namespace:
         choices=("fused", "foreach"),
         default="fused",
         help="AdamW implementation: fused is what transformers' Trainer uses by default with torch >= 2.8 "
-        "(optim adamw_torch_fused); foreach was this script's choice up to run 9 (~2x the optimizer time)",
+        "(optim adamw_torch_fused); foreach costs about 2x the optimizer time",
     )
     p.add_argument("--timeout-s", type=float, default=120.0, help="per process")
     p.add_argument(

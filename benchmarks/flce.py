@@ -1,4 +1,4 @@
-"""FLCE benchmark (issue 10): tokens per step x two head shapes; floor, unpatched, liger-kernel, ours per plan.
+"""FLCE benchmark: tokens per step x two head shapes; floor, unpatched, liger-kernel, ours per plan.
 
 Shapes: Llama-3 (H=4096, V=128256) and GPT-OSS (H=2880, V=201088); BT = 2048, 4096, 8192, 16384 tokens; bf16,
 forward + backward w.r.t. hidden and weight. Data: hidden ~ N(0,1), weight ~ N(0, 0.02^2), uniform targets
@@ -69,7 +69,7 @@ METHODS = (
 LAYOUTS = {"ours 1-kept": False, "ours all-kept": True}
 # rows the targets compare: timed twice, interleaved with the others, best of the two medians
 REPEATED = ("floor", "unpatched", "peer C=1", "cce", "ours default", "ours throughput")
-# row kinds of other libraries, for issue 25's target: ours default no slower than every peer at or below its peak
+# row kinds of other libraries, for the peers target: ours default no slower than every peer at or below its peak
 PEERS = ("peer", "cce")
 PLAN_COST_FIELDS = ("predicted_ms", "cost_ms", "est_ms", "time_ms")
 # the library each row kind stands for, in the rows' "family" key
@@ -113,7 +113,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def probe_api() -> dict[str, str | None]:
-    """Which of the issue-10 keywords the installed kernels accept: None if accepted, else why not."""
+    """Which of the FLCE budget keywords the installed kernels accept: None if accepted, else why not."""
     h, w, t = torch.randn(4, 8), torch.randn(16, 8), torch.randint(0, 16, (4,))
     found: dict[str, str | None] = {}
     for kw in ({"chunk_mem_const": 8}, {"max_chunk_mib": 1.0}, {"strategy": "tokens"}, {"strategy": "vocab"}):
@@ -325,7 +325,7 @@ def measure_rows(rows, methods, data, timer, w) -> None:
 
 
 def judge(rows: list[dict]) -> None:
-    """Ratios vs unpatched, peer C=1, cce and the floor; issue 10's and 25's targets per row ('met' / 'MISSED')."""
+    """Ratios vs unpatched, peer C=1, cce and the floor; the targets per row ('met' / 'MISSED')."""
     by = {r["method"]: r.get("random_ms") for r in rows}
     peers = [r for r in rows if r["kind"] in PEERS and r.get("random_ms") is not None]
     for r in rows:
@@ -359,7 +359,7 @@ def judge(rows: list[dict]) -> None:
 
 
 def peer_bound(ours: dict, peers: list[dict]) -> float | None:
-    """ours' ms over the fastest peer row whose peak is at or below ours (issue 25), 0 when no peer is that lean;
+    """ours' ms over the fastest peer row whose peak is at or below ours, 0 when no peer is that lean;
     None without a peak or without any peer measured."""
     if ours.get("peak_mib") is None or not peers or any(p.get("peak_mib") is None for p in peers):
         return None

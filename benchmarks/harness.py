@@ -15,6 +15,7 @@ import argparse
 import csv
 import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -381,8 +382,9 @@ class Results:
 
 
 def write_json(name: str, payload: dict, out: str | Path | None = None) -> Path:
-    """A probe's JSON (probes answer one question once; their files are not measurements to track)."""
-    path = out_dir(out) / name
+    """A probe's JSON, in ``out``, else $OUT when set (the GPU runner's output folder), else the default. Probes
+    answer one question; their files are not measurements to track."""
+    path = out_dir(out or os.environ.get("OUT")) / name
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path
 

@@ -4,7 +4,7 @@ Median ms (the harness: warm-up, then the methods of a case interleaved), and ac
 as a formula, / time) against a device-to-device copy measured in the same run: from the wall time (includes
 the Python side of the call) and from the GPU kernel time (torch.profiler, the op's own speed). The walls of
 every case are taken first and the profiler runs afterwards: Kineto can leave CUPTI attached after a profiler
-session (pytorch issue 144455), which slowed the launches of every case timed after the first profiled one.
+run (a known torch.profiler behaviour), which slowed the launches of every case timed after the first profiled one.
 The peer is imported here only.
 Usage: python -m benchmarks ops [--repeats 50] [--out DIR]
 """
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     results = harness.Results("ops", args.out)
     copy_gbs = copy_bandwidth_gbs(args)
     rows, errors = [], []
-    for make in CASES:  # every wall first, before any profiler session
+    for make in CASES:  # every wall first, before any profiler run
         row = _walls(make, errors, args)
         if row is not None:
             rows.append((make, row))

@@ -176,7 +176,7 @@ NOISE_SCALE = (
     2.0**-9
 )  # relative; about half of bf16's rounding step, so a fraction of the weights move one ulp
 EST_S = {False: 30.0, True: 150.0}  # a process's wall before any of its kind ran (eager, compiled)
-TARGETS = {  # issue 25, dense rows
+TARGETS = {  # dense rows
     "ours>=1.35x hf": ("ours", "hf", 1.35),
     "ours>=1.15x liger": ("ours", "liger", 1.15),
     "oc>=1.10x hc": ("ours_compile", "hf_compile", 1.10),
@@ -600,7 +600,7 @@ def mfu_of(r: dict, rate: float | None) -> float | None:
 
 def summarise(runs: list[dict]) -> list[dict]:
     """One row per (model, shape): per method the median tok/s and MFU over its processes, max peak, the loss
-    curves; the loss check and issue 25's targets."""
+    curves; the loss check and the targets."""
     rows = []
     measured = [r for r in runs if r["method"] != PROBE]
     for model, shape in dict.fromkeys((r["model"], r["shape"]) for r in measured):
@@ -678,7 +678,7 @@ def judge(row: dict) -> None:
         "tp/liger": ratio("ours_tp", "liger"),
     }
     row["targets"] = {}
-    if row["model"] not in DENSE:  # issue 25's targets are the dense rows'; MoE rows are reported
+    if row["model"] not in DENSE:  # the targets are the dense rows'; MoE rows are reported
         return
     for label, (a, b, bar) in TARGETS.items():
         x = ratio(a, b)
