@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from benchmarks import harness
 from liger_registry import kernels as K
-from liger_registry.kernels.glu import torch_math as glu_math
+from liger_registry.kernels.glu.torch_math import geglu_torch, swiglu_torch
 
 BF = torch.bfloat16
 
@@ -58,7 +58,7 @@ def _glu_case(kind):
     a, b = _rand(n, h), _rand(n, h)
     dc = torch.randn(n, h, device="cuda").to(BF)
     ours = K.swiglu if kind == "swiglu" else K.geglu
-    eager = glu_math.swiglu_torch if kind == "swiglu" else glu_math.geglu_torch
+    eager = swiglu_torch if kind == "swiglu" else geglu_torch
 
     def peer():
         if kind == "swiglu":
