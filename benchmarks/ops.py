@@ -277,7 +277,7 @@ def record(results, row) -> None:
 COLUMNS = [
     ("op", ""),
     ("ours ms", ".3f"),
-    ("spread", ".2f"),
+    ("spread", ".1%"),
     ("peer ms", ".3f"),
     ("eager ms", ".3f"),
     ("ours/peer", ".3f"),
