@@ -178,7 +178,7 @@ def main() -> None:
     p.add_argument(
         "--optimizer", choices=("foreach", "fused"), default="fused", help="AdamW of the profiled step"
     )
-    p.add_argument("--step-model", default=None, help="a bench_step.py model (its config and depth) instead")
+    p.add_argument("--step-model", default=None, help="a step bench model (its config and depth) instead")
     p.add_argument("--shape", default="2x4096", help="BATCHxSEQ with --step-model")
     p.add_argument(
         "--memory", action="store_true", help="the tensors alive at one step's peak, by allocating line"
