@@ -182,6 +182,7 @@ def measure(
             if cuda:
                 clock.torch.cuda.synchronize()
         except Exception as exc:
+            clock.pending.clear()  # the failed method's estimate calls, if any
             if errors is None:
                 raise
             errors[name] = exc
