@@ -333,7 +333,8 @@ def capture_env(device: str | None = None) -> dict:
 
 
 class Results:
-    """One run's result files: the JSON (``<bench>_<device>_<date>.json``), its PNG and the CSV rows."""
+    """One run's result files: the JSON (``bench_<name>[-<tag>]_<device>_<date>.json``), its PNGs and the CSV
+    rows."""
 
     def __init__(self, bench: str, out: str | Path | None = None, env: dict | None = None, tag: str = ""):
         self.bench, self.tag, self.out = bench, tag, out_dir(out)
@@ -351,8 +352,8 @@ class Results:
         self._env = env
 
     def path(self, ext: str, suffix: str = "") -> Path:
-        stem = "_".join(p for p in (f"bench_{self.bench}", self.tag, self.env["device_slug"], self.date) if p)
-        return self.out / f"{stem}{suffix}.{ext}"
+        name = f"bench_{self.bench}" + (f"-{self.tag}" if self.tag else "")
+        return self.out / f"{name}_{self.env['device_slug']}_{self.date}{suffix}.{ext}"
 
     def add(self, case: str, method: str, metric: str, value) -> None:
         """One measurement for the CSV; values that are not numbers (a failed run) are left out."""
@@ -383,11 +384,19 @@ class Results:
 
 
 def write_json(name: str, payload: dict, out: str | Path | None = None) -> Path:
-    """A probe's JSON, in ``out``, else $OUT when set (the GPU runner's output folder), else the default. Probes
-    answer one question; their files are not measurements to track."""
+    """A JSON named ``name`` in ``out``, else $OUT when set (the GPU runner's output folder), else the default."""
     path = out_dir(out or os.environ.get("OUT")) / name
     path.write_text(json.dumps(payload, indent=1, default=str))
     return path
+
+
+def write_probe(probe: str, payload: dict, tag: str = "") -> Path:
+    """A probe's JSON, ``probe_<probe>[-<tag>]_<device>_<date>.json`` with the environment, in $OUT when set.
+    Probes answer one question; their files are not measurements for the CSV."""
+    env = capture_env()
+    name = f"probe_{probe}" + (f"-{tag}" if tag else "")
+    name += f"_{env['device_slug']}_{datetime.date.today().isoformat()}.json"
+    return write_json(name, {"env": env, **payload})
 
 
 # --- tables and plots ----------------------------------------------------------------------------------------

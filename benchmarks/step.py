@@ -31,7 +31,7 @@ per-part limit) ends the running process and prints the table of what ran.
 
 Usage: python -m benchmarks step [--models llama3_2_1b,qwen3_1_7b] [--shapes 2x4096,1x16384]
                                  [--methods hf,liger,ours] [--repeats 2] [--budget-s 540] [--tag dense]
-       python -m benchmarks step --merge a/bench_step_dense_h100_DATE.json b/bench_step_moe_h100_DATE.json
+       python -m benchmarks step --merge a/bench_step-dense_h100_DATE.json b/bench_step-moe_h100_DATE.json
        python -m benchmarks step --cpu-smoke    # tiny dims on CPU, hf and ours: checks the script
 """
 
@@ -241,7 +241,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=540.0, help="start no process that would end after this")
     p.add_argument("--spawn", action="store_true", help="start every process from scratch instead of forking")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims on CPU, 3 steps, hf and ours")
-    p.add_argument("--tag", default="", help="part of the output files' names (bench_step_TAG_DEVICE_DATE.*)")
+    p.add_argument("--tag", default="", help="part of the output files' names (bench_step-TAG_DEVICE_DATE.*)")
     harness.add_out_arg(p)
     p.add_argument("--merge", nargs="+", default=None, help="join the runs of these JSONs; runs nothing")
     p.add_argument("--markdown", action="store_true", help="also print the throughput table as Markdown")

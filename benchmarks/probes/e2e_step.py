@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import e2e as bench_e2e
-from benchmarks.harness import write_json
+from benchmarks.harness import write_probe
 
 KINDS = (
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")),
@@ -269,9 +269,10 @@ def main() -> None:
         )
         for where, mib, count in memory["groups"]:
             print(f"  {mib:9.1f} MiB {count:5d}x  {where}")
-    write_json(
-        f"probe_e2e_step_{args.method}{'_' + args.step_model if args.step_model else ''}.json",
+    write_probe(
+        "e2e_step",
         {"args": vars(args), "phases_ms": med, "timeline": gaps, "memory": memory, **info},
+        tag=args.method + (f"-{args.step_model}" if args.step_model else ""),
     )
 
 

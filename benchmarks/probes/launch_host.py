@@ -1,5 +1,5 @@
 """Question: How many host microseconds does each launch of the FLCE vocabulary loop's pass 2 cost?
-Answer recorded in docs/design/flce-cost-model.md.
+Answer recorded in docs/design/flce-layouts.md.
 
 Host microseconds per call of each step of the FLCE vocab loop's pass 2 (queued behind a GPU sleep, so no
 waiting on the GPU), at GPT-OSS's 2048-token chunk shape, and of the alternatives for the fp32 dX sum."""

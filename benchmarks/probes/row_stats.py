@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.harness import median_ms, write_json
+from benchmarks.harness import median_ms, write_probe
 from liger_registry.kernels.ce import triton_row_stats
 from liger_registry.kernels.ce.triton_rows import ce_rows_triton, row_scales
 from liger_registry.kernels.flce import triton_vocab as tv
@@ -78,7 +78,7 @@ def main() -> None:
     for name, row in res.items():
         cells = " ".join(f"{r['ms']:7.3f} {r['tbs']:5.2f}".rjust(15) for r in row.values())
         print(f"{name:<{width}} {cells}")
-    write_json("probe_row_stats.json", {"configs": CONFIGS, "results": res, "default": default})
+    write_probe("row_stats", {"configs": CONFIGS, "results": res, "default": default})
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Question: Where does one token chunk of the FLCE token strategy spend its time, against the 3-GEMM floor?
-Answer recorded in docs/design/flce-cost-model.md.
+Answer recorded in docs/design/flce-layouts.md.
 
 Where one token chunk of the FLCE token strategy spends its time.
 
@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from benchmarks.harness import median_ms, write_json
+from benchmarks.harness import median_ms, write_probe
 from benchmarks.probes.row_stats import ce_rows_call
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
@@ -98,7 +98,7 @@ def main() -> None:
             f"{sum(fl.values()) / k:.3f}",
             flush=True,
         )
-    write_json(f"probe_token_chunk_{args.shape}.json", res)
+    write_probe("token_chunk", res, tag=args.shape)
 
 
 if __name__ == "__main__":

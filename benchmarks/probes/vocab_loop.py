@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import kernel_ms, median_ms, write_json
+from benchmarks.harness import kernel_ms, median_ms, write_probe
 from liger_registry import kernels as K
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
@@ -136,7 +136,7 @@ def main() -> None:
             f"{r['shape'] + ' ' + str(r['bt']):<16}{r['unpatched_ms']:>10.2f}{reps:>26}"
             f"{r['vocab_host_issue_ms']:>11.2f}{r['vocab_gpu_kernel_ms']:>9.2f}{gtxt:>9}"
         )
-    write_json("probe_vocab_loop.json", {"rows": rows, "host_us_per_launch": launches})
+    write_probe("vocab_loop", {"rows": rows, "host_us_per_launch": launches})
 
 
 if __name__ == "__main__":

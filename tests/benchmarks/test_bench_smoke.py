@@ -214,7 +214,7 @@ def test_step_cpu_smoke_and_merge(tmp_path: Path) -> None:
     merged_dir = tmp_path / "merged"
     (path,) = tmp_path.glob("bench_step_cpu_*.json")
     assert bench_step.main(["--merge", str(path), "--out", str(merged_dir)]) == 0
-    merged = _json(merged_dir, "bench_step_merged")
+    merged = _json(merged_dir, "bench_step-merged")
     assert [r["model"] for r in merged["rows"]] == [r["model"] for r in data["rows"]]
 
 
@@ -423,6 +423,6 @@ def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
     """moe --llama4 on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
     (output and every gradient)."""
     assert bench_moe.main(["--llama4", "--cpu-smoke", "--out", str(tmp_path)]) == 0
-    rows = {r["method"]: r for r in _json(tmp_path, "bench_moe_llama4")["rows"]}
+    rows = {r["method"]: r for r in _json(tmp_path, "bench_moe-llama4")["rows"]}
     assert set(rows) == {"hf", "ours"}
     assert rows["hf"]["rel_diff"] == 0.0 and rows["ours"]["rel_diff"] < 1e-5

@@ -142,7 +142,7 @@ def test_results_json_name_and_csv_rows(tmp_path: Path) -> None:
     tagged = harness.Results("step", tmp_path, env=ENV, tag="dense")
     tagged.add("llama3_2_1b 2x4096", "hf", "tps", 12345)
     tagged.write({})
-    assert tagged.path("png", "_tps").name == f"bench_step_dense_h100_{tagged.date}_tps.png"
+    assert tagged.path("png", "_tps").name == f"bench_step-dense_h100_{tagged.date}_tps.png"
     with (tmp_path / "measurements.csv").open() as f:
         rows = list(csv.reader(f))
     assert rows[0] == list(harness.CSV_COLUMNS)  # the header once, then the rows of both runs
@@ -215,3 +215,11 @@ def test_no_module_of_the_package_edits_sys_path() -> None:
         if "sys.path.insert" in p.read_text() or "sys.path.append" in p.read_text()
     ]
     assert edits == []
+
+
+def test_a_probe_json_is_named_by_device_and_date_in_out(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("OUT", str(tmp_path))
+    path = harness.write_probe("row_stats", {"rows": [1]}, tag="llama")
+    assert path.parent == tmp_path and path.name.startswith("probe_row_stats-llama_cpu_")
+    data = json.loads(path.read_text())
+    assert data["rows"] == [1] and data["env"]["device_slug"] == "cpu"
