@@ -1,20 +1,18 @@
-"""Graph breaks of a patched bench_e2e model under torch.compile (dynamo explain), on the device the run has.
+"""Question: Does a patched model compile into one graph, or where does dynamo break it?
+Answer recorded in docs/design/compile.md.
 
-Usage: python benchmarks/probe_graph_breaks.py [--model llama] [--tokens 512]
+Graph breaks of a patched bench_e2e model under torch.compile (dynamo explain), on the device the run has.
+
+Usage: python -m benchmarks.probes.graph_breaks [--model llama] [--tokens 512]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import bench_e2e  # noqa: E402
+from benchmarks import e2e as bench_e2e
 
 
 def main() -> None:

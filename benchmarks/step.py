@@ -1,4 +1,4 @@
-"""Training-step benchmark at realistic depth (issue 25): real model configs, one process per run.
+"""Training-step benchmark at realistic depth: real model configs, one process per run.
 
 Rows (model x shape): Llama-3.2-1B (16 layers, tied embeddings, llama3 RoPE scaling), Qwen3-1.7B (28 layers,
 QK-norm, tied), Gemma-2-2B (26 layers, GeGLU, attention and final-logit softcap, sliding window 4096 on every
@@ -23,17 +23,16 @@ Per run: tokens/s of the median step after the warm-up steps, peak allocated GiB
 torch.mm rate of a short probe at the start of the same run), the loss of every step, compile time (the warm-up
 steps' time beyond as many median steps) apart. Loss check per row: the largest |loss - HF's| over the steps
 of every method, against HF's noise band (the spread between HF's repeats and the hf_noise run's distance). Table
-printed last (issue 25's targets evaluated on the dense rows); JSON (rewritten after every process, so a killed run
-keeps what it measured) and two PNGs (tokens/s, MFU, peak per row and method; loss curves) under $OUT or
-benchmarks/results/. Runs split over several device calls (--models/--shapes/--rows/--methods, --tag) are
+printed last (the targets evaluated on the dense rows); JSON (rewritten after every process, so a killed run
+keeps what it measured) and two PNGs (tokens/s, MFU, peak per row and method; loss curves) under --out. Runs split over several device calls (--models/--shapes/--rows/--methods, --tag) are
 joined with --merge (each run keeps the mm rate of its own call). TRITON_CACHE_AUTOTUNING=1 unless set: autotuned
 kernels (ours, the peer's MoE experts) tune once per shape and call, not once per process. A SIGTERM (gpu_run.sh's
-timeout) ends the running process and prints the table of what ran.
+per-part limit) ends the running process and prints the table of what ran.
 
-Usage: python benchmarks/bench_step.py [--models llama3_2_1b,qwen3_1_7b] [--shapes 2x4096,1x16384]
-                                       [--methods hf,liger,ours] [--repeats 2] [--budget-s 540] [--tag dense]
-       python benchmarks/bench_step.py --merge results/a/bench_step_dense.json results/b/bench_step_moe.json
-       python benchmarks/bench_step.py --cpu-smoke    # tiny dims on CPU, hf and ours: checks the script
+Usage: python -m benchmarks step [--models llama3_2_1b,qwen3_1_7b] [--shapes 2x4096,1x16384]
+                                 [--methods hf,liger,ours] [--repeats 2] [--budget-s 540] [--tag dense]
+       python -m benchmarks step --merge a/bench_step-dense_h100_DATE.json b/bench_step-moe_h100_DATE.json
+       python -m benchmarks step --cpu-smoke    # tiny dims on CPU, hf and ours: checks the script
 """
 
 from __future__ import annotations
@@ -49,11 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-
-import bench_e2e as e2e  # noqa: E402
+from benchmarks import e2e, harness
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -181,7 +176,7 @@ NOISE_SCALE = (
     2.0**-9
 )  # relative; about half of bf16's rounding step, so a fraction of the weights move one ulp
 EST_S = {False: 30.0, True: 150.0}  # a process's wall before any of its kind ran (eager, compiled)
-TARGETS = {  # issue 25, dense rows
+TARGETS = {  # dense rows
     "ours>=1.35x hf": ("ours", "hf", 1.35),
     "ours>=1.15x liger": ("ours", "liger", 1.15),
     "oc>=1.10x hc": ("ours_compile", "hf_compile", 1.10),
@@ -246,10 +241,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=540.0, help="start no process that would end after this")
     p.add_argument("--spawn", action="store_true", help="start every process from scratch instead of forking")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims on CPU, 3 steps, hf and ours")
-    p.add_argument("--tag", default="", help="suffix of the output files (bench_step_TAG.*)")
-    p.add_argument(
-        "--out", default=None, help="directory for JSON and PNG (default: $OUT or benchmarks/results)"
-    )
+    p.add_argument("--tag", default="", help="part of the output files' names (bench_step-TAG_DEVICE_DATE.*)")
+    harness.add_out_arg(p)
     p.add_argument("--merge", nargs="+", default=None, help="join the runs of these JSONs; runs nothing")
     p.add_argument("--markdown", action="store_true", help="also print the throughput table as Markdown")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -384,25 +377,16 @@ def step_flops(d: dict, batch: int, seq: int) -> dict:
 
 
 def mm_probe(device: str) -> dict:
-    """The dense matmul rate of this device: best of 3 timings of 20 square torch.mm (bf16 8192 on CUDA)."""
+    """The dense matmul rate of this device: the median of 20 square torch.mm (bf16 8192 on CUDA)."""
     import torch
 
     cuda = device == "cuda"
-    n, dtype, iters = (8192, torch.bfloat16, 20) if cuda else (256, torch.float32, 20)
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    n, dtype = (8192, torch.bfloat16) if cuda else (256, torch.float32)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     c = torch.empty_like(a)
-    for _ in range(3):
-        torch.mm(a, b, out=c)
-    best = 0.0
-    for _ in range(3):
-        sync()
-        start = time.perf_counter()
-        for _ in range(iters):
-            torch.mm(a, b, out=c)
-        sync()
-        best = max(best, iters * 2 * n**3 / (time.perf_counter() - start))
-    return {"mm_tflops": best / 1e12, "mm": f"{n}^3 {str(dtype).removeprefix('torch.')}"}
+    timing = harness.measure({"mm": lambda: torch.mm(a, b, out=c)}, warmup=3, repeats=20, cuda=cuda)
+    rate = 2 * n**3 / (timing["mm"].median * 1e-3)
+    return {"mm_tflops": rate / 1e12, "mm": f"{n}^3 {str(dtype).removeprefix('torch.')}"}
 
 
 def build_model(job: dict, device: str, dtype):
@@ -576,13 +560,11 @@ def drive(args: argparse.Namespace, save, start: float) -> list[dict]:
                         {**job, "ok": False, "error": f"not run: time budget {args.budget_s:.0f} s spent"}
                     )
                     continue
-                r = e2e.launch(job, args, Path(tmp), i, child=child_main, script=__file__)
+                r = e2e.launch(job, args, Path(tmp), i, child=child_main, module="benchmarks.step")
                 if not args.spawn and not r.get("ok") and e2e.fork_broke_cuda(r.get("error", "")):
-                    print(
-                        f"bench_step: CUDA does not start in a forked process ({r['error'][:120]}); spawning"
-                    )
+                    print(f"step: CUDA does not start in a forked process ({r['error'][:120]}); spawning")
                     args.spawn = True
-                    r = e2e.launch(job, args, Path(tmp), i, child=child_main, script=__file__)
+                    r = e2e.launch(job, args, Path(tmp), i, child=child_main, module="benchmarks.step")
                 if job["method"] == PROBE:
                     rate = r.get("mm_tflops")
                 r["mm_tflops"] = rate
@@ -601,7 +583,7 @@ def drive(args: argparse.Namespace, save, start: float) -> list[dict]:
             proc.join()
         done = len(runs)
         runs += [{**job, "ok": False, "error": f"not run: stopped ({exc})"} for job in jobs[done:]]
-        print(f"bench_step: stopped by {exc} after {done} of {len(jobs)} processes; summarising what ran")
+        print(f"step: stopped by {exc} after {done} of {len(jobs)} processes; summarising what ran")
     finally:
         signal.signal(signal.SIGTERM, previous)
     return runs
@@ -618,7 +600,7 @@ def mfu_of(r: dict, rate: float | None) -> float | None:
 
 def summarise(runs: list[dict]) -> list[dict]:
     """One row per (model, shape): per method the median tok/s and MFU over its processes, max peak, the loss
-    curves; the loss check and issue 25's targets."""
+    curves; the loss check and the targets."""
     rows = []
     measured = [r for r in runs if r["method"] != PROBE]
     for model, shape in dict.fromkeys((r["model"], r["shape"]) for r in measured):
@@ -696,7 +678,7 @@ def judge(row: dict) -> None:
         "tp/liger": ratio("ours_tp", "liger"),
     }
     row["targets"] = {}
-    if row["model"] not in DENSE:  # issue 25's targets are the dense rows'; MoE rows are reported
+    if row["model"] not in DENSE:  # the targets are the dense rows'; MoE rows are reported
         return
     for label, (a, b, bar) in TARGETS.items():
         x = ratio(a, b)
@@ -709,8 +691,8 @@ def judge(row: dict) -> None:
 # --- report
 
 
-def kfmt(x) -> str:
-    return "-" if x is None else f"{x / 1000:.1f}k"
+def kfmt(x) -> str | None:
+    return None if x is None else f"{x / 1000:.1f}k"
 
 
 def ffmt(x, spec: str) -> str:
@@ -736,86 +718,76 @@ def missing(x: dict) -> str:
     return "OOM" if all("OutOfMemoryError" in e for e in errors) else "error"
 
 
+def value_cell(x: dict, key: str, fmt) -> str:
+    return fmt(x[key]) if x.get(key) is not None else missing(x)
+
+
 def table_lines(rows: list[dict], methods: list[str], markdown: bool = False) -> list[str]:
     """The throughput table: tok/s, MFU and peak per method, the ratios and targets."""
-    w = max([24] + [len(label_of(r)) for r in rows])
-    cw = max(len(m) for m in methods) + 2
     if markdown:
-        head = ["row"] + [f"{m} tok/s (MFU, GiB)" for m in methods] + ["ours/hf", "ours/liger", "oc/hc"]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        cols = [("row", "")] + [(f"{m} tok/s (MFU, GiB)", ">") for m in methods]
+        cols += [("ours/hf", ".2f"), ("ours/liger", ".2f"), ("oc/hc", ".2f")]
+        lines = []
         for row in rows:
             ms, r = row["methods"], row["ratios"]
-            cells = [label_of(row)]
-            for m in methods:
-                x = ms.get(m, {})
-                cells.append(
-                    missing(x)
-                    if x.get("tps") is None
-                    else f"{kfmt(x['tps'])} ({ffmt(x.get('mfu_median'), '.0%')}, {ffmt(x.get('peak'), '.1f')})"
-                )
-            cells += [ffmt(r["ours/hf"], ".2f"), ffmt(r["ours/liger"], ".2f"), ffmt(r["oc/hc"], ".2f")]
-            lines.append("| " + " | ".join(cells) + " |")
-        return lines
-    lines = []
+            cells = [
+                missing(x)
+                if (x := ms.get(m, {})).get("tps") is None
+                else f"{kfmt(x['tps'])} ({ffmt(x.get('mfu_median'), '.0%')}, {ffmt(x.get('peak'), '.1f')})"
+                for m in methods
+            ]
+            lines.append([label_of(row), *cells, r["ours/hf"], r["ours/liger"], r["oc/hc"]])
+        return harness.table(cols, lines, markdown=True).splitlines()
+    out = []
     for title, key, fmt in (
         ("tok/s", "tps", kfmt),
         ("MFU", "mfu_median", lambda x: ffmt(x, ".1%")),
         ("peak GiB", "peak", lambda x: ffmt(x, ".2f")),
     ):
-        head = f"{title:<{w}} |" + "".join(f"{m:>{cw}}" for m in methods)
+        cols = [(title, "")] + [(m, ">") for m in methods]
         if key == "tps":
-            head += f" |{'ours/hf':>8}{'ours/lk':>8}{'oc/hc':>7} | targets (dense rows)"
-        lines.append(head)
+            cols += [("ours/hf", ".3f"), ("ours/lk", ".3f"), ("oc/hc", ".3f"), ("targets (dense rows)", "")]
+            cols += [("ours_tp/liger", ".3f")] if "ours_tp" in methods else []
+        lines = []
         for row in rows:
-            ms = row["methods"]
-            line = f"{label_of(row):<{w}} |" + "".join(
-                f"{fmt(x[key]) if (x := ms.get(m, {})).get(key) is not None else missing(x):>{cw}}"
-                for m in methods
-            )
+            line = [label_of(row)] + [value_cell(row["methods"].get(m, {}), key, fmt) for m in methods]
             if key == "tps":
                 r = row["ratios"]
-                line += f" |{ffmt(r['ours/hf'], '8.3f'):>8}{ffmt(r['ours/liger'], '8.3f'):>8}{ffmt(r['oc/hc'], '7.3f'):>7} | "
-                line += verdicts(row["targets"]) if row["targets"] else "(MoE: reported, no target)"
-                if "ours_tp" in methods:
-                    line += f" | ours_tp/liger {ffmt(r.get('tp/liger'), '.3f')}"
+                line += [r["ours/hf"], r["ours/liger"], r["oc/hc"]]
+                line.append(verdicts(row["targets"]) if row["targets"] else "(MoE: reported, no target)")
+                line += [r.get("tp/liger")] if "ours_tp" in methods else []
             lines.append(line)
-        lines.append("")
-    return lines
+        out += harness.table(cols, lines).splitlines() + [""]
+    return out
 
 
 def loss_lines(rows: list[dict], methods: list[str]) -> list[str]:
-    w = max([24] + [len(label_of(r)) for r in rows])
-    cw = max([11] + [len(m) + 2 for m in methods])
-    lines = [
-        "loss check: max over steps of |loss - HF repeat 0's|; band = max(HF repeats' spread, hf_noise's distance); "
-        "'!' marks a method outside the band",
-        f"{'row':<{w}} |{'band':>9}{'repeats':>9}{'noise':>9} |" + "".join(f"{m:>{cw}}" for m in methods),
-    ]
+    cols = [("row", ""), ("band", ".2e"), ("repeats", ".2e"), ("noise", ".2e")] + [(m, ">") for m in methods]
+    lines = []
     for row in rows:
         c = row["loss_check"]
-        bands = "".join(f"{ffmt(c[k], '.2e'):>9}" for k in ("band", "band_repeats", "band_noise"))
-        line = f"{label_of(row):<{w}} |{bands} |"
+        line = [label_of(row), c["band"], c["band_repeats"], c["band_noise"]]
         for m in methods:
             dev = c["dev"].get(m)
-            mark = "!" if c["within"].get(m) is False else " "
-            line += f"{ffmt(dev, '.2e') + mark:>{cw}}"
+            line.append(ffmt(dev, ".2e") + ("!" if c["within"].get(m) is False else " "))
         lines.append(line)
-    return lines + fp32_lines(rows, [m for m in methods if m != FP32_REF] + [NOISE], w, cw)
+    title = (
+        "loss check: max over steps of |loss - HF repeat 0's|; band = max(HF repeats' spread, hf_noise's "
+        "distance); '!' marks a method outside the band"
+    )
+    out = harness.table(cols, lines, title).splitlines()
+    return out + fp32_lines(rows, [m for m in methods if m != FP32_REF] + [NOISE])
 
 
-def fp32_lines(rows: list[dict], methods: list[str], w: int, cw: int) -> list[str]:
+def fp32_lines(rows: list[dict], methods: list[str]) -> list[str]:
     """Each method's largest distance from the fp32 curve (rows where hf_fp32 ran; none: no lines)."""
     rows = [r for r in rows if r["loss_check"].get("fp32_dev")]
     if not rows:
         return []
-    lines = [
-        f"distance from {FP32_REF} (max over steps of |loss - fp32 curve|; {NOISE}: its farthest draw)",
-        f"{'row':<{w}} |" + "".join(f"{m:>{cw}}" for m in methods),
-    ]
-    for row in rows:
-        dev = row["loss_check"]["fp32_dev"]
-        lines.append(f"{label_of(row):<{w}} |" + "".join(f"{ffmt(dev.get(m), '.2e'):>{cw}}" for m in methods))
-    return lines
+    title = f"distance from {FP32_REF} (max over steps of |loss - fp32 curve|; {NOISE}: its farthest draw)"
+    cols = [("row", "")] + [(m, ".2e") for m in methods]
+    lines = [[label_of(r)] + [r["loss_check"]["fp32_dev"].get(m) for m in methods] for r in rows]
+    return harness.table(cols, lines, title).splitlines()
 
 
 def print_report(rows: list[dict], runs: list[dict], meta: dict) -> None:
@@ -870,76 +842,75 @@ def print_report(rows: list[dict], runs: list[dict], meta: dict) -> None:
     )
 
 
-def plot(rows: list[dict], methods: list[str], stem: Path) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        return [f"not drawn ({exc})"]
+def plot(rows: list[dict], methods: list[str], results: harness.Results) -> list[str]:
     methods = [m for m in methods if m != NOISE]
     labels = [label_of(r).replace(" ", "\n", 1) for r in rows]
     n, width = len(rows), 0.8 / max(len(methods), 1)
-    fig, axes = plt.subplots(3, 1, figsize=(max(10, 1.6 * n), 12))
-    for ax, (key, title, scale) in zip(
-        axes,
-        (
-            ("tps", "tokens/s (k)", 1e-3),
-            ("mfu_median", "MFU (%)", 100.0),
-            ("peak", "peak allocated GiB", 1.0),
-        ),
-        strict=True,
-    ):
-        for k, m in enumerate(methods):
-            vals = [(row["methods"].get(m, {}).get(key) or 0.0) * scale for row in rows]
-            bars = ax.bar([i + k * width for i in range(n)], vals, width, label=m)
-            if key == "tps":
-                ax.bar_label(bars, fmt="%.1f", fontsize=6)
-        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(n)], labels, fontsize=7)
-        ax.set_title(title)
-        ax.legend(fontsize=7, ncol=len(methods))
-    fig.tight_layout()
-    out = [str(stem.with_name(stem.name + "_tps.png"))]
-    fig.savefig(out[0], dpi=90)
-    plt.close(fig)
 
-    cols = 4
-    grid = math.ceil(n / cols) * 2
-    fig, axes = plt.subplots(grid, cols, figsize=(18, 3.0 * grid), squeeze=False)
-    for i, row in enumerate(rows):
-        top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
-        ref = (row["methods"].get("hf", {}).get("curves") or [None])[0]
-        for k, m in enumerate([*methods, NOISE]):
-            for j, curve in enumerate(row["methods"].get(m, {}).get("curves", [])):
-                style = dict(
-                    label=m if j == 0 else None,
-                    color=f"C{k}",
-                    linestyle="--" if m == NOISE else "-",
-                    marker=".",
+    def bars(plt):
+        fig, axes = plt.subplots(3, 1, figsize=(max(10, 1.6 * n), 12))
+        for ax, (key, title, scale) in zip(
+            axes,
+            (
+                ("tps", "tokens/s (k)", 1e-3),
+                ("mfu_median", "MFU (%)", 100.0),
+                ("peak", "peak allocated GiB", 1.0),
+            ),
+            strict=True,
+        ):
+            for k, m in enumerate(methods):
+                vals = [(row["methods"].get(m, {}).get(key) or 0.0) * scale for row in rows]
+                drawn = ax.bar([i + k * width for i in range(n)], vals, width, label=m)
+                if key == "tps":
+                    ax.bar_label(drawn, fmt="%.1f", fontsize=6)
+            ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(n)], labels, fontsize=7)
+            ax.set_title(title)
+            ax.legend(fontsize=7, ncol=len(methods))
+        return fig
+
+    def curves(plt):
+        cols = 4
+        grid = math.ceil(n / cols) * 2
+        fig, axes = plt.subplots(grid, cols, figsize=(18, 3.0 * grid), squeeze=False)
+        for i, row in enumerate(rows):
+            top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
+            loss_panel(top, bottom, row, methods)
+        for j in range(n, grid // 2 * cols):
+            axes[2 * (j // cols)][j % cols].axis("off")
+            axes[2 * (j // cols) + 1][j % cols].axis("off")
+        return fig
+
+    return [
+        harness.plot(bars, results.path("png", "_tps")),
+        harness.plot(curves, results.path("png", "_loss")),
+    ]
+
+
+def loss_panel(top, bottom, row: dict, methods: list[str]) -> None:
+    """One row's loss curves (top) and their distance from HF repeat 0's with HF's noise band (bottom)."""
+    ref = (row["methods"].get("hf", {}).get("curves") or [None])[0]
+    for k, m in enumerate([*methods, NOISE]):
+        for j, curve in enumerate(row["methods"].get(m, {}).get("curves", [])):
+            style = dict(
+                label=m if j == 0 else None,
+                color=f"C{k}",
+                linestyle="--" if m == NOISE else "-",
+                marker=".",
+            )
+            top.plot(range(1, len(curve) + 1), curve, **style)
+            if ref:
+                bottom.plot(
+                    range(1, len(curve) + 1), [a - b for a, b in zip(curve, ref, strict=False)], **style
                 )
-                top.plot(range(1, len(curve) + 1), curve, **style)
-                if ref:
-                    bottom.plot(
-                        range(1, len(curve) + 1), [a - b for a, b in zip(curve, ref, strict=False)], **style
-                    )
-        band = row["loss_check"]["band"]
-        if ref and band:
-            bottom.axhspan(-band, band, color="grey", alpha=0.2, label="HF noise band")
-        top.set_title(label_of(row), fontsize=8)
-        bottom.set_title("loss - HF repeat 0", fontsize=7)
-        for ax in (top, bottom):
-            ax.tick_params(labelsize=6)
-            ax.xaxis.get_major_locator().set_params(integer=True)
-        top.legend(fontsize=6)
-    for j in range(n, grid // 2 * cols):
-        axes[2 * (j // cols)][j % cols].axis("off")
-        axes[2 * (j // cols) + 1][j % cols].axis("off")
-    fig.tight_layout()
-    out.append(str(stem.with_name(stem.name + "_loss.png")))
-    fig.savefig(out[1], dpi=80)
-    plt.close(fig)
-    return out
+    band = row["loss_check"]["band"]
+    if ref and band:
+        bottom.axhspan(-band, band, color="grey", alpha=0.2, label="HF noise band")
+    top.set_title(label_of(row), fontsize=8)
+    bottom.set_title("loss - HF repeat 0", fontsize=7)
+    for ax in (top, bottom):
+        ax.tick_params(labelsize=6)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    top.legend(fontsize=6)
 
 
 def title_of(runs: list[dict], args: argparse.Namespace) -> str:
@@ -964,30 +935,30 @@ def main(argv=None) -> int:
         return 0
     # autotuned kernels (ours, the peer's MoE) tune once per shape and call, not once per process
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-    if args.out is None:
-        from common import out_dir
-
-        out = out_dir()
-    else:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-    stem = out / ("bench_step" + ("_smoke" if args.cpu_smoke else "") + (f"_{args.tag}" if args.tag else ""))
-    if args.merge and not args.tag:
-        stem = out / "bench_step_merged"
+    tag = args.tag or ("merged" if args.merge else "")
     meta = {
         "methods": args.methods.split(","),
         "steps": args.steps,
         "warmup": args.warmup,
         "spawn": args.spawn,
         "args": vars(args),
-        "json": str(stem) + ".json",
         "markdown": args.markdown,
     }
     start = time.perf_counter()
 
     def save(runs: list[dict], rows: list[dict] | None = None, partial: bool = False) -> None:
+        """The JSON so far (a run cut short keeps what ran); the CSV rows come with the last save."""
+        results = e2e.results_of(args, runs, bench="step", tag=tag)
+        meta["json"] = str(results.path("json"))
         payload = {"meta": {**meta, "partial": partial}, "rows": rows or [], "runs": runs}
-        Path(meta["json"]).write_text(json.dumps(payload, indent=1, default=str))
+        if partial:
+            harness.write_json(results.path("json").name, {"env": results.env, **payload}, results.out)
+            return
+        for row in rows or []:
+            for name, m in row["methods"].items():
+                for key in ("tps", "peak", "mfu_median"):
+                    results.add(f"{row['model']} {row['shape']}", name, key, m.get(key))
+        results.write(payload)
 
     if args.merge:
         runs, seen = [], []
@@ -1004,10 +975,7 @@ def main(argv=None) -> int:
     meta["wall_s"] = time.perf_counter() - start
     meta["title"] = title_of(runs, args)
     rows = summarise(runs)
-    try:
-        meta["png"] = plot(rows, meta["methods"], stem)
-    except Exception as exc:  # noqa: BLE001 - a plotting failure must not cost the table
-        meta["png"] = [f"not drawn ({type(exc).__name__}: {exc})"]
+    meta["png"] = plot(rows, meta["methods"], e2e.results_of(args, runs, bench="step", tag=tag))
     save(runs, rows)
     print_report(rows, runs, meta)
     return 0 if any(r.get("ok") and r["method"] != PROBE for r in runs) else 1

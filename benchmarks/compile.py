@@ -7,17 +7,15 @@ the first compiled step's time (compiling forward and backward). A family whose 
 is compared with its unpatched model compiled the same way: it passes when the two compiled steps agree
 (inductor changes the unpatched model alike). Exit status 1 when any family failed.
 
-    python benchmarks/compile_families.py                      # every family, on CUDA when there is one
-    python benchmarks/compile_families.py --families llama gemma2 --device cpu
-    python benchmarks/compile_families.py --workers 8            # compiling is host-bound: 8 processes
+    python -m benchmarks compile                      # every family, on CUDA when there is one
+    python -m benchmarks compile --families llama gemma2 --device cpu
+    python -m benchmarks compile --workers 8            # compiling is host-bound: 8 processes
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, TimeoutError, as_completed
@@ -26,6 +24,7 @@ import torch
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from benchmarks import harness
 from liger_registry.registry.loader import load_registry
 from liger_registry.testing import CompileCheck, compile_check
 
@@ -34,7 +33,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOLERANCES = {torch.float32: (1e-5, 1e-4), torch.bfloat16: (2e-2, 5e-2)}
 
 
-def _args() -> argparse.Namespace:
+def parse(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="*", help="family names (default: every bundled family)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -43,24 +42,36 @@ def _args() -> argparse.Namespace:
         "--budget-s", type=float, default=280.0, help="report no family after this many seconds"
     )
     parser.add_argument("--workers", type=int, default=1, help="processes compiling families side by side")
-    parser.add_argument(
-        "--json", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "compile.json")
-    )
-    return parser.parse_args()
+    parser.add_argument("--json", default=None, help="also write the JSON here (it always goes to --out)")
+    harness.add_out_arg(parser)
+    return parser.parse_args(argv)
 
 
-def _row(check: CompileCheck, ok: bool) -> str:
+def _line(check: CompileCheck, ok: bool) -> str:
+    """One family's progress line, printed as it finishes."""
     if check.error is not None:
-        return f"{check.family:<24} {'NO':<3} {'-':>9} {'-':>9} {'-':>8}  {check.error[:90]}"
-    return (
-        f"{check.family:<24} {'yes' if ok else 'NO':<3} {check.loss_rel:>9.1e} {check.grad_rel:>9.1e} "
-        f"{check.compile_s:>8.1f}"
-        + (
-            f"  as unpatched compiled: loss {check.vs_unpatched_loss_rel:.1e}, grads {check.vs_unpatched_grad_rel:.1e}"
-            if check.as_unpatched
-            else ""
-        )
-    )
+        return f"  {check.family}: NO, {check.error[:120]}"
+    return f"  {check.family}: {'yes' if ok else 'NO'}, compiled step {check.compile_s:.1f} s"
+
+
+COLUMNS = [
+    ("family", ""),
+    ("ok", ""),
+    ("loss rel", ".1e"),
+    ("grad rel", ".1e"),
+    ("compile s", ".1f"),
+    ("as unpatched: loss", ".1e"),
+    ("grads", ".1e"),
+    ("error", ""),
+]
+
+
+def _table_row(row: dict) -> list:
+    return [row["family"], row["ok"], row.get("loss_rel"), row.get("grad_rel"), row.get("compile_s")] + [
+        row.get("vs_unpatched_loss_rel") if row.get("as_unpatched") else None,
+        row.get("vs_unpatched_grad_rel") if row.get("as_unpatched") else None,
+        (row.get("error") or "")[:90],
+    ]
 
 
 def _check(family: str, device: str, dtype: torch.dtype) -> CompileCheck:
@@ -104,8 +115,8 @@ def _run(families: list[str], args: argparse.Namespace, dtype: torch.dtype):
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def main() -> int:
-    args = _args()
+def main(argv=None) -> int:
+    args = parse(argv)
     dtype = DTYPES[args.dtype]
     loss_tol, grad_tol = TOLERANCES[dtype]
     registry = load_registry()
@@ -113,23 +124,29 @@ def main() -> int:
     if absent := [f for f in families if not _installed(registry, f)]:
         print(f"not in transformers {transformers.__version__}, not run: {', '.join(absent)}")
         families = [f for f in families if f not in absent]
-    print(f"{'family':<24} {'ok':<3} {'loss rel':>9} {'grad rel':>9} {'compile s':>8}", flush=True)
     start, rows = time.perf_counter(), {}
     for family, check in _run(families, args, dtype):
         ok = check.ok(loss_tol, grad_tol)
         rows[family] = {**vars(check), "ok": ok}
-        print(_row(check, ok), flush=True)
+        print(_line(check, ok), flush=True)
     if missing := [f for f in families if f not in rows]:
         print(f"budget of {args.budget_s:.0f} s spent; not run: {', '.join(missing)}")
     passed = sum(r["ok"] for r in rows.values())
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    results = harness.Results("compile", args.out, env=harness.capture_env(device))
+    for row in rows.values():
+        for key in ("loss_rel", "grad_rel", "compile_s"):
+            results.add(row["family"], "ours_compile", key, row.get(key))
+    payload = {"device": args.device, "dtype": args.dtype, "rows": list(rows.values())}
+    path = results.write(payload)
+    if args.json:
+        harness.write_json(args.json, {"env": results.env, **payload}, ".")
+    harness.print_table(COLUMNS, [_table_row(r) for r in rows.values()], f"compile vs eager; json: {path}")
     print(
         f"compile: {passed}/{len(families)} families match eager ({len(rows)} run; {args.device}, {args.dtype}, "
         f"{args.workers} process(es); bounds loss {loss_tol:g}, grads {grad_tol:g}) in "
         f"{time.perf_counter() - start:.0f} s"
     )
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"device": args.device, "dtype": args.dtype, "rows": list(rows.values())}, f, indent=1)
     return 0 if passed == len(families) else 1
 
 

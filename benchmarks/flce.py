@@ -1,9 +1,9 @@
-"""FLCE benchmark (issue 10): tokens per step x two head shapes; floor, unpatched, liger-kernel, ours per plan.
+"""FLCE benchmark: tokens per step x two head shapes; floor, unpatched, liger-kernel, ours per plan.
 
 Shapes: Llama-3 (H=4096, V=128256) and GPT-OSS (H=2880, V=201088); BT = 2048, 4096, 8192, 16384 tokens; bf16,
 forward + backward w.r.t. hidden and weight. Data: hidden ~ N(0,1), weight ~ N(0, 0.02^2), uniform targets
-("random"); with --peaked also hidden aligned with the target row (a confident model). Per row: median ms of
-triton.testing.do_bench, incremental peak MiB (max_memory_allocated during one step minus what was allocated
+("random"); with --peaked also hidden aligned with the target row (a confident model). Per row: median ms (the
+harness: every row of a (shape, BT) group warmed up, then their calls interleaved), incremental peak MiB (max_memory_allocated during one step minus what was allocated
 before: inputs and weight excluded, gradients included), and for ours the plan of kernels.flce_plan (strategy,
 chunk sizes). Rows: the 3-GEMM floor (logits, dX, dW as bare cuBLAS GEMMs), unpatched (materialised logits +
 F.cross_entropy, what HF does), liger-kernel 0.8.5 at C=1 and C=8 (peer, imported here only),
@@ -11,12 +11,19 @@ cut-cross-entropy's linear_cross_entropy (peer, imported here only when installe
 "skipped: not installed"; `cce`: its default impl, which skips gradient terms below bf16 resolution, and
 `cce exact`: impl cce_exact, no skipping), ours at the
 default budget, at C=8, with the `throughput` budget (max_chunk_mib=512), and forced tokens / forced vocab at
-the default budget (to check the planner's choice). Issue 10's targets are evaluated per row. A loss and
-gradient check against float64 runs on one small shape. JSON goes to $OUT (or benchmarks/results/); the table
-is printed last.
+the default budget (to check the planner's choice). The targets are evaluated per row. A loss and
+gradient check against float64 runs on one small shape. JSON under --out; the table is printed last.
+Besides ``rows`` of the run's own names, each row carries ``head`` (the shape), ``tokens``, ``family`` (floor,
+unpatched, liger, cce, ours) and ``ms``, the random-input median.
 
-Usage: python benchmarks/bench_flce.py [--quick] [--peaked] [--shapes llama,gpt_oss] [--bt 2048,4096]
-       python benchmarks/bench_flce.py --cpu-smoke     # tiny shapes on CPU: checks the script, measures nothing
+Two more modes: ``--strategies`` times each FLCE strategy forced, against the planner's predicted ms (the cost
+model's calibration, docs/design/flce-cost-model.md), and ``--plan-table`` prints the planner's choice and
+predicted ms for the shapes without timing anything (no GPU needed; ``--gpu`` names the device's peaks).
+
+Usage: python -m benchmarks flce [--quick] [--peaked] [--shapes llama,gpt_oss] [--bt 2048,4096]
+       python -m benchmarks flce --cpu-smoke     # tiny shapes on CPU: checks the script, measures nothing
+       python -m benchmarks flce --strategies [--quick]
+       python -m benchmarks flce --plan-table [--gpu "NVIDIA H200"]
 """
 
 from __future__ import annotations
@@ -27,18 +34,12 @@ import gc
 import statistics
 import sys
 import time
-import traceback
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import env_info, incremental_peak_mib, write_json  # noqa: E402
-
-from liger_registry import kernels as K  # noqa: E402
+from benchmarks import harness
+from liger_registry import kernels as K
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088), "qwen3": (4096, 151936)}
 DEFAULT_SHAPES = ("llama", "gpt_oss")
@@ -68,9 +69,14 @@ METHODS = (
 LAYOUTS = {"ours 1-kept": False, "ours all-kept": True}
 # rows the targets compare: timed twice, interleaved with the others, best of the two medians
 REPEATED = ("floor", "unpatched", "peer C=1", "cce", "ours default", "ours throughput")
-# row kinds of other libraries, for issue 25's target: ours default no slower than every peer at or below its peak
+# row kinds of other libraries, for the peers target: ours default no slower than every peer at or below its peak
 PEERS = ("peer", "cce")
 PLAN_COST_FIELDS = ("predicted_ms", "cost_ms", "est_ms", "time_ms")
+# the library each row kind stands for, in the rows' "family" key
+FAMILIES = {"floor": "floor", "unpatched": "unpatched", "peer": "liger", "cce": "cce", "ours": "ours"}
+FAMILIES["ours_layout"] = "ours"
+# the strategy calibration (--strategies): budgets of the planner, shapes from SHAPES
+BUDGETS = {"C=1": {"chunk_mem_const": 1}, "C=8": {"chunk_mem_const": 8}, "512MiB": {"max_chunk_mib": 512}}
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -80,14 +86,22 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma list of " + ", ".join(SHAPES))
     p.add_argument("--bt", default=None, help="comma list of tokens per call (default 2048,4096,8192,16384)")
     p.add_argument("--methods", default=None, help="comma list of row names (default: all)")
-    p.add_argument("--warmup-ms", type=float, default=50.0, help="do_bench warm-up (ms of running)")
-    p.add_argument("--rep-ms", type=float, default=300.0, help="do_bench repetitions (ms of running)")
+    p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up of each row (ms of running)")
+    p.add_argument("--rep-ms", type=float, default=300.0, help="timed calls of each row (ms of running)")
     p.add_argument(
         "--no-repeat", dest="repeat", action="store_false", help="time the compared rows once, not twice"
     )
     p.add_argument(
         "--cpu-smoke", action="store_true", help="tiny fp32 shapes on CPU, wall-clock timing, no peer"
     )
+    p.add_argument(
+        "--strategies", action="store_true", help="time each strategy forced against the cost model"
+    )
+    p.add_argument("--plan-table", action="store_true", help="print the planner's choices; times nothing")
+    p.add_argument(
+        "--gpu", default="NVIDIA H200", help="--plan-table: the device whose peaks the planner uses"
+    )
+    harness.add_out_arg(p)
     args = p.parse_args(argv)
     if args.quick and not args.cpu_smoke:
         args.bt = args.bt or "2048,8192"
@@ -99,7 +113,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def probe_api() -> dict[str, str | None]:
-    """Which of the issue-10 keywords the installed kernels accept: None if accepted, else why not."""
+    """Which of the FLCE budget keywords the installed kernels accept: None if accepted, else why not."""
     h, w, t = torch.randn(4, 8), torch.randn(16, 8), torch.randint(0, 16, (4,))
     found: dict[str, str | None] = {}
     for kw in ({"chunk_mem_const": 8}, {"max_chunk_mib": 1.0}, {"strategy": "tokens"}, {"strategy": "vocab"}):
@@ -247,85 +261,71 @@ def timed_fn(kind: str, kwargs: dict, x, w, t, name: str = ""):
 
 
 class Timer:
-    """Median ms: triton.testing.do_bench on CUDA (L2 flushed between calls); wall clock of 3 calls on CPU."""
+    """The harness's timing with this run's budgets: ms budgets on CUDA, 1 warm-up + 3 calls on the CPU."""
 
     def __init__(self, cuda: bool, warmup_ms: float, rep_ms: float):
         self.cuda, self.warmup_ms, self.rep_ms = cuda, warmup_ms, rep_ms
 
-    def ms(self, fn, grads) -> float:
+    def measure(self, fns: dict, grads, errors: dict) -> dict[str, harness.Timing]:
         if self.cuda:
-            import triton.testing
-
-            return float(
-                triton.testing.do_bench(
-                    fn, warmup=self.warmup_ms, rep=self.rep_ms, grad_to_none=grads, return_mode="median"
-                )
-            )
-        times = []
-        for _ in range(3):
-            for g in grads:
-                g.grad = None
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
+            budget = {"warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms}
+        else:
+            budget = {"warmup": 1, "repeats": 3}
+        return harness.measure(fns, grad_to_none=grads, cuda=self.cuda, errors=errors, **budget)
 
     def peak_mib(self, fn, grads) -> float | None:
-        return incremental_peak_mib(fn, clear=grads) if self.cuda else None
+        return harness.peak_mib(fn, clear=grads) if self.cuda else None
 
 
 # --- one (shape, BT) group of rows
 
 
-def measure_row(name, kind, kwargs, data, timer, ctx) -> dict:
-    x, w = data["random"][0], ctx["w"]
+def row_head(name, kind, kwargs, bt, ctx) -> dict:
+    """A row's identity and plan; "error" when the installed kernels or peers cannot run it."""
+    w = ctx["w"]
     h, v = w.shape[1], w.shape[0]
-    row = {
-        "shape": ctx["shape"],
-        "H": h,
-        "V": v,
-        "BT": x.shape[0],
-        "method": name,
-        "kind": kind,
-        "kwargs": kwargs,
-    }
+    row = {"shape": ctx["shape"], "H": h, "V": v, "BT": bt, "method": name, "kind": kind, "kwargs": kwargs}
+    row.update(head=ctx["shape"], tokens=bt, family=FAMILIES[kind])
     if kind == "ours":
-        row["plan"], row["plan_text"] = plan_of(x.shape[0], h, v, kwargs, w.dtype, ctx["api"])
+        row["plan"], row["plan_text"] = plan_of(bt, h, v, kwargs, w.dtype, ctx["api"])
     elif kind == "ours_layout":
         row["plan_text"] = "vocab, all kept" if LAYOUTS[name] else "vocab, 1 kept"
     elif kind == "peer":
-        chunk, n = K.flce_chunk_geometry(x.shape[0], h, v, kwargs["chunk_mem_const"])
+        chunk, n = K.flce_chunk_geometry(bt, h, v, kwargs["chunk_mem_const"])
         row["plan_text"] = f"tokens {chunk}x{n}"
     elif kind == "cce":
         row["plan_text"] = f"impl {kwargs['impl']}"
     skip = api_problem(kwargs, ctx["api"]) if kind in ("ours", "ours_layout") else ctx["problems"].get(kind)
     if skip:
         row["error"] = skip
-        return row
-    grads = [] if kind == "floor" else [x, w]
-    try:
-        for label, (xx, tt) in data.items():
-            fn = timed_fn(kind, kwargs, xx, w, tt, name)
-            fn()  # compile, workspaces
-            row[f"{label}_ms"] = timer.ms(fn, grads if kind != "floor" else [])
-            if label == "random" and kind != "floor":
-                row["peak_mib"] = timer.peak_mib(fn, [xx, w])
-            for g in (xx, w):
-                g.grad = None
-            del fn
-    except Exception as exc:  # noqa: BLE001 - an OOM or a missing kernel must not end the sweep
-        row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        traceback.print_exc()
-    finally:
-        x.grad = w.grad = None
-        gc.collect()
-        if timer.cuda:
-            torch.cuda.empty_cache()
     return row
 
 
+def measure_rows(rows, methods, data, timer, w) -> None:
+    """Every runnable row of the group timed together (interleaved) per input kind; the peak of each apart."""
+    live = [(n, k, kw) for n, k, kw in methods if "error" not in rows[n]]
+    for label, (xx, tt) in data.items():
+        fns = {name: timed_fn(kind, kwargs, xx, w, tt, name) for name, kind, kwargs in live}
+        failed: dict[str, BaseException] = {}
+        timings = timer.measure(fns, [xx, w], failed)
+        for name, timing in timings.items():
+            rows[name][f"{label}_ms"] = timing.median
+            rows[name][f"{label}_iqr"] = timing.spread
+        for name, exc in failed.items():
+            rows[name]["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        if label == "random":
+            for name, kind, _ in live:
+                if name in timings and kind != "floor":
+                    rows[name]["peak_mib"] = timer.peak_mib(fns[name], [xx, w])
+        xx.grad = w.grad = None
+        del fns
+        gc.collect()
+        if timer.cuda:
+            torch.cuda.empty_cache()
+
+
 def judge(rows: list[dict]) -> None:
-    """Ratios vs unpatched, peer C=1, cce and the floor; issue 10's and 25's targets per row ('met' / 'MISSED')."""
+    """Ratios vs unpatched, peer C=1, cce and the floor; the targets per row ('met' / 'MISSED')."""
     by = {r["method"]: r.get("random_ms") for r in rows}
     peers = [r for r in rows if r["kind"] in PEERS and r.get("random_ms") is not None]
     for r in rows:
@@ -359,7 +359,7 @@ def judge(rows: list[dict]) -> None:
 
 
 def peer_bound(ours: dict, peers: list[dict]) -> float | None:
-    """ours' ms over the fastest peer row whose peak is at or below ours (issue 25), 0 when no peer is that lean;
+    """ours' ms over the fastest peer row whose peak is at or below ours, 0 when no peer is that lean;
     None without a peak or without any peer measured."""
     if ours.get("peak_mib") is None or not peers or any(p.get("peak_mib") is None for p in peers):
         return None
@@ -373,42 +373,38 @@ def run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, method
     if args.peaked:
         data["peaked"] = make_hidden(bt, w, "peaked")
     ctx = {"shape": shape, "w": w, "api": api, "problems": problems}
-    rows = []
-    for name, kind, kwargs in methods:
-        start = time.perf_counter()
-        row = measure_row(name, kind, kwargs, data, timer, ctx)
-        row["wall_s"] = time.perf_counter() - start
-        rows.append(row)
-        ms = row.get("random_ms")
-        print(
-            f"  {shape} BT={bt} {name:<16} {row.get('plan_text', ''):<18} "
-            f"{'-' if ms is None else f'{ms:.2f} ms'}  {row.get('error', '')}",
-            flush=True,
-        )
+    rows = {name: row_head(name, kind, kwargs, bt, ctx) for name, kind, kwargs in methods}
+    start = time.perf_counter()
+    measure_rows(rows, methods, data, timer, w)
     if args.repeat:
-        for row, (name, kind, kwargs) in zip(rows, methods, strict=True):
-            if name in REPEATED and "random_ms" in row:
-                retime(row, kind, kwargs, data["random"], w, timer)
-    judge(rows)
+        retime(rows, methods, data["random"], w, timer)
+    for row in rows.values():
+        row["wall_s"] = time.perf_counter() - start  # the group's, rows are timed together
+        row["ms"] = row.get("random_ms")
+    print(f"  {shape} BT={bt}: {len(rows)} rows in {time.perf_counter() - start:.1f} s", flush=True)
+    judge(list(rows.values()))
     del w, data, ctx
-    return rows
+    return list(rows.values())
 
 
-def retime(row: dict, kind: str, kwargs: dict, xt, w, timer) -> None:
-    """A second median after every other row ran (A B .. A B): the row keeps the smaller, the spread is noise."""
+def retime(rows: dict, methods, xt, w, timer) -> None:
+    """A second interleaved median of the compared rows after the first (A B .. A B): each keeps the smaller,
+    the difference is the run's noise."""
     x, t = xt
-    try:
-        again = timer.ms(timed_fn(kind, kwargs, x, w, t), [] if kind == "floor" else [x, w])
-    except Exception as exc:  # noqa: BLE001
-        row["repeat_error"] = f"{type(exc).__name__}: {exc}"[:200]
-        return
-    finally:
-        x.grad = w.grad = None
-        if timer.cuda:
-            torch.cuda.empty_cache()
-    row["random_ms_runs"] = [row["random_ms"], again]
-    row["random_ms"] = min(row["random_ms"], again)
-    row["spread"] = abs(row["random_ms_runs"][0] - again) / row["random_ms"]
+    again = [(n, k, kw) for n, k, kw in methods if n in REPEATED and "random_ms" in rows[n]]
+    fns = {name: timed_fn(kind, kwargs, x, w, t, name) for name, kind, kwargs in again}
+    failed: dict[str, BaseException] = {}
+    timings = timer.measure(fns, [x, w], failed)
+    x.grad = w.grad = None
+    if timer.cuda:
+        torch.cuda.empty_cache()
+    for name, exc in failed.items():
+        rows[name]["repeat_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    for name, timing in timings.items():
+        row = rows[name]
+        row["random_ms_runs"] = [row["random_ms"], timing.median]
+        row["random_ms"] = min(row["random_ms"], timing.median)
+        row["spread"] = abs(row["random_ms_runs"][0] - timing.median) / row["random_ms"]
 
 
 # --- numerics: loss, dX, dW of every method vs float64 on one small shape
@@ -477,59 +473,56 @@ def verdict(r: dict) -> str:
     return " ".join(f"{label}:{'?' if ok is None else 'met' if ok else 'MISSED'}" for label, ok in t.items())
 
 
+COLUMNS = [
+    ("shape", ""),
+    ("BT", "d"),
+    ("method", ""),
+    ("plan", ""),
+    ("pred", ".1f"),
+    ("ms", ".2f"),
+    ("iqr", ".1%"),
+    ("peaked", ".2f"),
+    ("MiB", ".0f"),
+    ("/unp", ".3f"),
+    ("/peer1", ".3f"),
+    ("/cce", ".3f"),
+    ("/floor", ".3f"),
+    ("targets", ""),
+]
+RATIOS = ("x_unpatched", "x_peer1", "x_cce", "x_floor")
+
+
+def table_row(r: dict) -> list:
+    if "error" in r and "random_ms" not in r:
+        return [r["shape"], r["BT"], r["method"], r.get("plan_text", "")] + [None] * 9 + [r["error"][:60]]
+    head = [r["shape"], r["BT"], r["method"], r.get("plan_text", ""), plan_cost(r.get("plan"))]
+    head += [r.get("random_ms"), r.get("random_iqr"), r.get("peaked_ms"), r.get("peak_mib")]
+    return head + [r.get(k) for k in RATIOS] + [verdict(r)]
+
+
 def print_table(rows, checks, meta) -> None:
-    print(
-        f"\nFLCE fwd+bwd, {meta['dtype']}, median ms (do_bench warmup {meta['warmup_ms']:.0f} / rep "
-        f"{meta['rep_ms']:.0f} ms), incremental peak MiB; {meta['env'].get('device', 'cpu')}, "
-        f"torch {meta['env']['torch']}, triton {meta['env']['triton']}, peer {meta['env'].get('liger_kernel')}, "
-        f"cut-cross-entropy {meta['env'].get('cut_cross_entropy')}"
+    env = meta["env"]
+    title = (
+        f"FLCE fwd+bwd, {meta['dtype']}, median ms (warm-up {meta['warmup_ms']:.0f} / timed {meta['rep_ms']:.0f} "
+        f"ms a row, rows interleaved), incremental peak MiB; {env.get('device', 'cpu')}, torch {env['torch']}, "
+        f"triton {env['triton']}, peer {env.get('liger_kernel')}, cut-cross-entropy {env.get('cut_cross_entropy')}"
     )
     spreads = [r["spread"] for r in rows if "spread" in r]
     if spreads:
         print(
-            f"ms of {', '.join(REPEATED)}: best of two medians timed apart (A B .. A B); spread between the two: "
+            f"ms of {', '.join(REPEATED)}: best of two interleaved medians (A B .. A B); spread between the two: "
             f"median {statistics.median(spreads):.1%}, max {max(spreads):.1%}"
         )
-    print("loss / dX / dW vs float64 (" + ", ".join(f"{c['shape']} BT={c['BT']}" for c in checks[:1]) + "):")
-    for c in checks:
-        if "error" in c:
-            print(f"  {c['method']:<16} {c['error'][:90]}")
-        else:
-            ok = "" if "loss_target_1e-5" not in c else (" met" if c["loss_target_1e-5"] else " MISSED")
-            print(
-                f"  {c['method']:<16} loss {c['loss']:.6f} rel {c['loss_rel']:.1e}{ok:<7} dX {c['dx_rel']:.2e}"
-                f"  dW {c['dw_rel']:.2e}"
-            )
-    peaked = any("peaked_ms" in r for r in rows)
-    head = (
-        f"{'shape':<8}{'BT':>6} {'method':<16}{'plan':<19}{'pred':>6}{'ms':>8}"
-        + ("{:>8}".format("peaked") if peaked else "")
-        + f"{'MiB':>8}{'/unp':>8}{'/peer1':>8}{'/cce':>8}{'/floor':>8}  targets"
-    )
-    print(head)
-    last = None
-    for r in rows:
-        key = (r["shape"], r["BT"])
-        if last is not None and key != last:
-            print()
-        last = key
-        if "error" in r and "random_ms" not in r:
-            print(
-                f"{r['shape']:<8}{r['BT']:>6} {r['method']:<16}{r.get('plan_text', ''):<19} {r['error'][:60]}"
-            )
-            continue
-        line = (
-            f"{r['shape']:<8}{r['BT']:>6} {r['method']:<16}{r.get('plan_text', ''):<19}"
-            f"{fmt(plan_cost(r.get('plan')), '6.1f'):>6}{fmt(r.get('random_ms'), '8.2f'):>8}"
-        )
-        if peaked:
-            line += f"{fmt(r.get('peaked_ms'), '8.2f'):>8}"
-        line += (
-            f"{fmt(r.get('peak_mib'), '8.0f'):>8}{fmt(r.get('x_unpatched'), '8.3f'):>8}"
-            f"{fmt(r.get('x_peer1'), '8.3f'):>8}{fmt(r.get('x_cce'), '8.3f'):>8}{fmt(r.get('x_floor'), '8.3f'):>8}"
-            f"  {verdict(r)}"
-        )
-        print(line)
+    check_cols = [("method", ""), ("loss", ".6f"), ("loss rel", ".1e"), ("1e-5", ""), ("dX", ".2e")]
+    check_cols += [("dW", ".2e"), ("error", "")]
+    check_rows = [
+        [c["method"], c.get("loss"), c.get("loss_rel"), c.get("loss_target_1e-5")]
+        + [c.get("dx_rel"), c.get("dw_rel"), c.get("error", "")[:90]]
+        for c in checks
+    ]
+    where = ", ".join(f"{c['shape']} BT={c['BT']}" for c in checks[:1])
+    harness.print_table(check_cols, check_rows, f"loss / dX / dW vs float64 ({where})")
+    harness.print_table(COLUMNS, [table_row(r) for r in rows], title)
     targets = [ok for r in rows for ok in (r.get("targets") or {}).values()]
     print(
         f"\ntargets: {sum(1 for x in targets if x)} met, {sum(1 for x in targets if x is False)} MISSED, "
@@ -538,33 +531,61 @@ def print_table(rows, checks, meta) -> None:
     )
 
 
+def record(results: harness.Results, rows: list[dict]) -> None:
+    for r in rows:
+        case = f"{r['shape']} BT={r['BT']}"
+        for key in ("random_ms", "peaked_ms", "peak_mib", *RATIOS):
+            results.add(case, r["method"], key, r.get(key))
+
+
+def peers_available(cuda: bool) -> dict[str, str]:
+    """Why a peer's rows cannot run ({} when every peer imports)."""
+    if not cuda:
+        return {"peer": "peer needs CUDA", "cce": "cce needs CUDA"}
+    problems = {}
+    try:
+        import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        problems["peer"] = f"liger-kernel not importable: {exc!r}"[:200]
+    try:
+        import cut_cross_entropy  # noqa: F401
+    except ModuleNotFoundError:
+        problems["cce"] = "skipped: not installed (cut-cross-entropy)"
+    except Exception as exc:  # noqa: BLE001
+        problems["cce"] = f"cut-cross-entropy not importable: {exc!r}"[:200]
+    return problems
+
+
+ANNOUNCED = (
+    "API missing",
+    "peer needs CUDA",
+    "liger-kernel not importable",
+    "cce needs CUDA",
+    "skipped: not installed",
+    "cut-cross-entropy not importable",
+)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.plan_table:
+        return plan_table(args)
     cuda = not args.cpu_smoke
     if cuda and not torch.cuda.is_available():
-        print("bench_flce: CUDA is not available (use --cpu-smoke to check the script on CPU)")
+        print("flce: CUDA is not available (use --cpu-smoke to check the script on CPU)")
         return 2
+    if args.strategies:
+        return strategies(args)
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     shapes = SHAPES if cuda else SMOKE_SHAPES
     bts = [int(b) for b in args.bt.split(",")] if args.bt else (BTS if cuda else SMOKE_BTS)
     wanted = args.methods.split(",") if args.methods else None
     methods = [m for m in METHODS if wanted is None or m[0] in wanted]
     api = probe_api()
-    problems = {"peer": "peer needs CUDA", "cce": "cce needs CUDA"} if not cuda else {}
-    if cuda:
-        try:
-            import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
-        except Exception as exc:  # noqa: BLE001
-            problems["peer"] = f"liger-kernel not importable: {exc!r}"[:200]
-        try:
-            import cut_cross_entropy  # noqa: F401
-        except ModuleNotFoundError:
-            problems["cce"] = "skipped: not installed (cut-cross-entropy)"
-        except Exception as exc:  # noqa: BLE001
-            problems["cce"] = f"cut-cross-entropy not importable: {exc!r}"[:200]
+    problems = peers_available(cuda)
     for key, why in api.items():
         if why:
-            print(f"bench_flce: {why}; rows that need {key} are skipped")
+            print(f"flce: {why}; rows that need {key} are skipped")
     timer = Timer(cuda, args.warmup_ms, args.rep_ms)
     start = time.perf_counter()
     rows = []
@@ -575,13 +596,9 @@ def main(argv=None) -> int:
     sweep_s = time.perf_counter() - start
     small = ("llama", 2048) if cuda else ("llama", 64)
     checks = loss_check(small[0], *shapes[small[0]], small[1], device, dtype, api, problems, methods)
-    env = env_info()
-    try:
-        from importlib.metadata import version
-
-        env["cut_cross_entropy"] = version("cut-cross-entropy")
-    except Exception:  # noqa: BLE001 - not installed: its rows say so
-        env["cut_cross_entropy"] = "not installed"
+    results = harness.Results("flce", args.out)
+    env = dict(results.env, cut_cross_entropy=harness._version("cut-cross-entropy") or "not installed")
+    results.set_env(env)
     meta = {
         "dtype": str(dtype).removeprefix("torch."),
         "warmup_ms": args.warmup_ms,
@@ -589,26 +606,101 @@ def main(argv=None) -> int:
         "env": env,
         "wall_s": sweep_s,
         "errors": sum(1 for r in rows if "error" in r),
+        "json": str(results.path("json")),
     }
-    name = "bench_flce_smoke.json" if args.cpu_smoke else "bench_flce.json"
-    payload = {"meta": meta, "args": vars(args), "api": api, "rows": rows, "loss_check": checks}
-    meta["json"] = str(write_json(name, payload))
-    announced = (
-        "API missing",
-        "peer needs CUDA",
-        "liger-kernel not importable",
-        "cce needs CUDA",
-        "skipped: not installed",
-        "cut-cross-entropy not importable",
-    )
+    record(results, rows)
+    results.write({"meta": meta, "args": vars(args), "api": api, "rows": rows, "loss_check": checks})
     errors = [
         f"{r['shape']} BT={r['BT']} {r['method']}: {r['error']}"
         for r in rows
-        if "error" in r and not r["error"].startswith(announced)
+        if "error" in r and not r["error"].startswith(ANNOUNCED)
     ]
     for e in errors[:20]:
         print("ERROR", e[:200])
     print_table(rows, checks, meta)
+    return 0
+
+
+# --- the strategy calibration (--strategies) and the planner's table (--plan-table)
+
+
+def strategy_rows(shape: str, bt: int, h: int, v: int, peaks, args) -> list[dict]:
+    """Each strategy the planner can run at each budget, timed together, with the cost model's ms."""
+    from liger_registry.kernels.flce.cost import tokens_ms, vocab_ms
+
+    w = make_weight(h, v, "cuda", torch.bfloat16)
+    x, t = make_hidden(bt, w, "random")
+    cases, fns = {}, {}
+    for label, knobs in BUDGETS.items():
+        auto = K.flce_plan(bt, h, v, **knobs)
+        for strategy in ("tokens", "vocab"):
+            plan = K.flce_plan(bt, h, v, strategy=strategy, **knobs)
+            if plan.strategy != strategy:
+                continue
+            pred = (tokens_ms if strategy == "tokens" else vocab_ms)(bt, h, v, plan.chunk, 2, peaks)
+            cases[f"{label} {strategy}"] = {
+                "shape": shape,
+                "bt": bt,
+                "budget": label,
+                "strategy": strategy,
+                "predicted_ms": pred,
+                "auto": auto.strategy,
+                "plan": str(plan),
+            }
+            fns[f"{label} {strategy}"] = ours_fn(x, w, t, {"strategy": strategy, **knobs})
+    timings = harness.measure(fns, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, grad_to_none=[x, w])
+    for name, timing in timings.items():
+        cases[name].update(
+            ms=timing.median, spread=timing.spread, peak_mib=harness.peak_mib(fns[name], [x, w])
+        )
+    return [cases[name] for name in timings]
+
+
+def strategies(args) -> int:
+    from liger_registry.kernels.flce.cost import device_peaks
+
+    peaks = device_peaks()
+    results = harness.Results("flce", args.out, tag="strategies")
+    rows = []
+    for shape in args.shapes.split(","):
+        h, v = SHAPES[shape]
+        for bt in (2048, 4096) if args.quick else BTS:
+            rows += strategy_rows(shape, bt, h, v, peaks, args)
+            torch.cuda.empty_cache()
+    for r in rows:
+        case = f"{r['shape']} BT={r['bt']} {r['budget']}"
+        for key in ("ms", "predicted_ms", "peak_mib"):
+            results.add(case, r["strategy"], key, r[key])
+    path = results.write({"peaks": str(peaks), "args": vars(args), "rows": rows})
+    cols = [("shape", ""), ("BT", "d"), ("budget", ""), ("strategy", ""), ("ms", ".2f"), ("spread", ".1%")]
+    cols += [("model ms", ".1f"), ("peak MiB", ".0f"), ("auto", "")]
+    keys = ("shape", "bt", "budget", "strategy", "ms", "spread", "predicted_ms", "peak_mib", "auto")
+    harness.print_table(cols, [[r[k] for k in keys] for r in rows], f"FLCE strategies forced; json: {path}")
+    return 0
+
+
+def plan_table(args) -> int:
+    """The planner's choice and predicted ms per shape, BT and budget, for the device ``args.gpu``."""
+    from liger_registry.kernels.flce.cost import peaks_for, tokens_ms, vocab_ms
+
+    peaks = peaks_for(args.gpu)
+    rows = []
+    for shape in args.shapes.split(","):
+        h, v = SHAPES[shape]
+        for bt in [int(b) for b in args.bt.split(",")] if args.bt else BTS:
+            for label, knobs in BUDGETS.items():
+                plan = K.flce_plan(bt, h, v, gpu=args.gpu, **knobs)
+                tok = K.flce_plan(bt, h, v, gpu=args.gpu, strategy="tokens", **knobs)
+                voc = K.flce_plan(bt, h, v, gpu=args.gpu, strategy="vocab", **knobs)
+                t_ms = tokens_ms(bt, h, v, tok.chunk_tokens, 2, peaks)
+                v_ms = vocab_ms(bt, h, v, voc.chunk_vocab, 2, peaks) if voc.strategy == "vocab" else None
+                layout = (
+                    f"{plan.num_chunks} x [{plan.chunk_tokens}, {plan.chunk_vocab}] {plan.buffer_mib:.0f} MiB"
+                )
+                rows.append([f"{shape} H={h} V={v}", bt, label, t_ms, v_ms, plan.strategy, layout])
+    cols = [("shape", ""), ("BT", "d"), ("budget", ""), ("tokens ms", ".1f"), ("vocab ms", ".1f")]
+    cols += [("pick", ""), ("plan", "")]
+    harness.print_table(cols, rows, f"FLCE planner for {args.gpu}; peaks: {peaks}")
     return 0
 
 

@@ -1,10 +1,13 @@
-"""Where one training step of bench_e2e's model goes: forward, backward and the optimizer step timed apart
+"""Question: Where does one training step's time go: forward, backward, optimizer, and which kernel kinds?
+Answer recorded in docs/design/training-step.md.
+
+Where one training step of bench_e2e's model goes: forward, backward and the optimizer step timed apart
 (synchronised, median of steps), AdamW foreach vs fused on the same parameters, and the GPU kernels of one
 step grouped by kind (profiler). One method per process (liger-kernel patches classes for good).
 
-Usage: python benchmarks/probe_e2e_step.py --method ours|ours_compile|hf_compile|liger [--model llama] [--layers 2] [--tokens 8192]
-       python benchmarks/probe_e2e_step.py --method ours --step-model llama3_2_1b [--shape 2x4096]   (bench_step's
-       real configs at bench_step's depth: issue 25's per-step profile)
+Usage: python -m benchmarks.probes.e2e_step --method ours|ours_compile|hf_compile|liger [--model llama] [--layers 2] [--tokens 8192]
+       python -m benchmarks.probes.e2e_step --method ours --step-model llama3_2_1b [--shape 2x4096]   (bench_step's
+       real configs at bench_step's depth: the per-step profile)
        --memory: also the tensors alive at the step's peak (allocator history of one step), grouped by the line
        that allocated them
 """
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -21,11 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import bench_e2e  # noqa: E402
-from common import write_json  # noqa: E402
+from benchmarks import e2e as bench_e2e
+from benchmarks.harness import write_probe
 
 KINDS = (
     ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")),
@@ -159,7 +158,7 @@ def build(args: argparse.Namespace):
         job = dict(model=args.model, layers=args.layers, tokens=args.tokens, method=args.method, batch=1)
         job.update(smoke=False, dtype=torch.bfloat16)
         return bench_e2e.build_model(job, "cuda")[0], job
-    import bench_step
+    from benchmarks import step as bench_step
 
     name = args.step_model
     batch, seq = bench_step.shape_of(args.shape)
@@ -179,7 +178,7 @@ def main() -> None:
     p.add_argument(
         "--optimizer", choices=("foreach", "fused"), default="fused", help="AdamW of the profiled step"
     )
-    p.add_argument("--step-model", default=None, help="a bench_step.py model (its config and depth) instead")
+    p.add_argument("--step-model", default=None, help="a step bench model (its config and depth) instead")
     p.add_argument("--shape", default="2x4096", help="BATCHxSEQ with --step-model")
     p.add_argument(
         "--memory", action="store_true", help="the tensors alive at one step's peak, by allocating line"
@@ -270,9 +269,10 @@ def main() -> None:
         )
         for where, mib, count in memory["groups"]:
             print(f"  {mib:9.1f} MiB {count:5d}x  {where}")
-    write_json(
-        f"probe_e2e_step_{args.method}{'_' + args.step_model if args.step_model else ''}.json",
+    write_probe(
+        "e2e_step",
         {"args": vars(args), "phases_ms": med, "timeline": gaps, "memory": memory, **info},
+        tag=args.method + (f"-{args.step_model}" if args.step_model else ""),
     )
 
 

@@ -1,6 +1,9 @@
-"""Whether a patched model called without positions gets transformers' packed-sequence mask under torch.compile.
+"""Question: Does a patched model called without positions get transformers' packed-sequence mask under torch.compile?
+Answer recorded in docs/design/compile.md.
 
-Usage: python benchmarks/probe_positions.py   (CUDA if present, else CPU; the SDPA calls of the compiled forward of
+Whether a patched model called without positions gets transformers' packed-sequence mask under torch.compile.
+
+Usage: python -m benchmarks.probes.positions   (CUDA if present, else CPU; the SDPA calls of the compiled forward of
 the tiny llama, unpatched then patched, with use_cache=False as in training)
 """
 

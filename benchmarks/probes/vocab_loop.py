@@ -1,26 +1,23 @@
-"""Where the FLCE vocabulary loop's time goes on the GPU: wall (do_bench median, 3 repeats), host issue time
-(the call queued behind a GPU sleep), GPU kernel time (profiler), and a CUDA-graph replay of the same step (the
-time with no host overhead at all). Shapes: issue 10's misses at 2-4k tokens. JSON under $OUT.
+"""Question: Where does the FLCE vocabulary loop's time go on the GPU: wall, host issue, kernels, graph replay?
+Answer recorded in docs/design/flce-layouts.md.
 
-Usage: python benchmarks/probe_vocab_loop.py [--cases gpt_oss:2048,llama:2048,llama:4096]
+Where the FLCE vocabulary loop's time goes on the GPU: wall (median of the harness, 3 repeats), host issue time
+(the call queued behind a GPU sleep), GPU kernel time (profiler), and a CUDA-graph replay of the same step (the
+time with no host overhead at all). Shapes: the 2-4k token rows where vocab lagged. JSON under $OUT (else benchmarks/results/).
+
+Usage: python -m benchmarks.probes.vocab_loop [--cases gpt_oss:2048,llama:2048,llama:4096]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import kernel_ms, median_ms, write_json  # noqa: E402
-
-from liger_registry import kernels as K  # noqa: E402
+from benchmarks.harness import kernel_ms, median_ms, write_probe
+from liger_registry import kernels as K
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
 
@@ -139,7 +136,7 @@ def main() -> None:
             f"{r['shape'] + ' ' + str(r['bt']):<16}{r['unpatched_ms']:>10.2f}{reps:>26}"
             f"{r['vocab_host_issue_ms']:>11.2f}{r['vocab_gpu_kernel_ms']:>9.2f}{gtxt:>9}"
         )
-    write_json("probe_vocab_loop.json", {"rows": rows, "host_us_per_launch": launches})
+    write_probe("vocab_loop", {"rows": rows, "host_us_per_launch": launches})
 
 
 if __name__ == "__main__":

@@ -2,29 +2,27 @@
 
 One command for any world size (it starts torchrun itself, one process per GPU):
 
-    python benchmarks/bench_distributed.py --nproc 2            # all GPUs: --nproc $(nvidia-smi -L | wc -l)
+    python -m benchmarks distributed --nproc 2            # all GPUs: --nproc $(nvidia-smi -L | wc -l)
+    python -m benchmarks distributed --smoke              # CPU, gloo, 2 processes: checks the script
 
 Random init, bf16, a few layers at realistic width, vocabulary 128256; the same seed and batches for the patched
 and the unpatched run. Per step: the loss on every rank; per run: peak memory per GPU and tokens/s (steps after
 the warm-up). NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1), also in the environment of the processes torchrun starts. The table is printed last;
-the JSON goes to benchmarks/results/ (and to $OUT when that is set).
+the JSON goes to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
+
+from benchmarks import harness
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 128256
 
 SHAPES = {
@@ -77,7 +75,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1, help="sequences per rank per step")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    harness.add_out_arg(p)
     p.add_argument(
         "--smoke", action="store_true", help="CPU, gloo, tiny widths: checks the script, measures nothing"
     )
@@ -85,12 +83,11 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    """Re-run this script under torchrun with multicast off in every child's environment."""
+    """Re-run this module under torchrun with multicast off in every child's environment."""
     import torch
 
     nproc = args.nproc or (2 if args.smoke else max(torch.cuda.device_count(), 1))
     env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p)
     forwarded, skip = (
         [],
         False,
@@ -108,11 +105,12 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
-        __file__,
+        "-m",
+        "benchmarks.distributed",
     ]
     command += forwarded
     print("+", " ".join(command), flush=True)
-    return subprocess.call(command, env=env)
+    return subprocess.call(command, env=env, cwd=harness.ROOT)
 
 
 def build(name: str, layers: int, device, smoke: bool = False):
@@ -144,6 +142,20 @@ def wrap(model, wrapper: str, local_rank: int):
     return fully_shard(model)
 
 
+def training_step(wrapped, optimizer, batches, device):
+    """Step i: forward and backward on batch i, the optimizer's step; returns the loss."""
+
+    def one(step: int) -> float:
+        ids = batches[step].to(device, non_blocking=True)
+        loss = wrapped(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach().float().item()
+
+    return one
+
+
 def run_one(name: str, wrapper: str, patched: bool, args, rank: int, world: int, local_rank: int) -> dict:
     import torch
 
@@ -151,7 +163,6 @@ def run_one(name: str, wrapper: str, patched: bool, args, rank: int, world: int,
 
     cuda = not args.smoke
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    sync = torch.cuda.synchronize if cuda else (lambda *a: None)
     if cuda:
         torch.cuda.empty_cache()
     model = build(name, args.layers, device, args.smoke)
@@ -161,31 +172,20 @@ def run_one(name: str, wrapper: str, patched: bool, args, rank: int, world: int,
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, foreach=True)
     gen = torch.Generator(device="cpu").manual_seed(1234 + rank)  # each rank its own data, same for both runs
     batches = [torch.randint(0, VOCAB, (args.batch, args.seq), generator=gen) for _ in range(args.steps)]
-    sync()
     if cuda:
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
-    losses, times = [], []
-    for ids in batches:
-        ids = ids.to(device, non_blocking=True)
-        sync()
-        start = time.perf_counter()
-        loss = wrapped(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        sync()
-        times.append(time.perf_counter() - start)
-        losses.append(loss.detach().float().item())
+    losses, times = harness.time_steps(training_step(wrapped, optimizer, batches, device), args.steps, cuda)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
     if handle is not None:
         handle.revert()
     del wrapped, model, optimizer
-    timed = times[args.warmup :] or times
+    median = harness.steady_median(times, args.warmup)
     return {
         "losses": losses,
         "peak_gib": peak,
-        "tokens_per_s": args.batch * args.seq / statistics.median(timed),
-        "median_step_s": statistics.median(timed),
+        "tokens_per_s": args.batch * args.seq / median,
+        "median_step_s": median,
     }
 
 
@@ -238,6 +238,12 @@ def report(results: list[dict], args: argparse.Namespace, world: int) -> None:
         "liger_registry": liger_registry.__version__,
     }
     rows = []
+    out = harness.Results(
+        "distributed",
+        args.out,
+        env=harness.capture_env("cpu" if args.smoke else meta["device"]),
+        tag=f"ws{world}",
+    )
     for ref in (r for r in results if not r["patched"]):
         mine = next(
             r
@@ -245,7 +251,7 @@ def report(results: list[dict], args: argparse.Namespace, world: int) -> None:
             if r["patched"] and r["model"] == ref["model"] and r["wrapper"] == ref["wrapper"]
         )
         if any("error" in x for x in ref["ranks"] + mine["ranks"]):
-            rows.append((ref["model"], ref["wrapper"], "error", "", "", "", "", "", ""))
+            rows.append([ref["model"], ref["wrapper"]] + [None] * 6 + ["error"])
             continue
         diff = max(
             abs(a - b)
@@ -256,26 +262,13 @@ def report(results: list[dict], args: argparse.Namespace, world: int) -> None:
         tps_p = sum(x["tokens_per_s"] for x in mine["ranks"])
         mem_u = max(x["peak_gib"] for x in ref["ranks"])
         mem_p = max(x["peak_gib"] for x in mine["ranks"])
-        rows.append(
-            (
-                ref["model"],
-                ref["wrapper"],
-                f"{tps_u:,.0f}",
-                f"{tps_p:,.0f}",
-                f"{tps_p / tps_u:.2f}x",
-                f"{mem_u:.2f}",
-                f"{mem_p:.2f}",
-                f"{ref['ranks'][0]['losses'][-1]:.4f} / {mine['ranks'][0]['losses'][-1]:.4f}",
-                f"{diff:.4f}",
-            )
-        )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"distributed_ws{world}{'_smoke' if args.smoke else ''}.json"
-    text = json.dumps({"meta": meta, "runs": results}, indent=1)
-    (out / name).write_text(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], name).write_text(text)
+        last = f"{ref['ranks'][0]['losses'][-1]:.4f} / {mine['ranks'][0]['losses'][-1]:.4f}"
+        rows.append([ref["model"], ref["wrapper"], tps_u, tps_p, tps_p / tps_u, mem_u, mem_p, last, diff])
+        case = f"{ref['model']} {ref['wrapper']} ws{world}"
+        for method, tps, mem in (("unpatched", tps_u, mem_u), ("patched", tps_p, mem_p)):
+            out.add(case, method, "tokens_per_s", tps)
+            out.add(case, method, "peak_gib", mem)
+    path = out.write({"meta": meta, "runs": results})
     print("\nper-step losses (rank 0):")
     for r in results:
         if "error" not in r["ranks"][0]:
@@ -284,26 +277,22 @@ def report(results: list[dict], args: argparse.Namespace, world: int) -> None:
                 f"  {r['model']:8} {r['wrapper']:5} {tag} "
                 + " ".join(f"{x:.4f}" for x in r["ranks"][0]["losses"])
             )
-    header = (
-        "model",
-        "wrapper",
-        "tok/s unpatched",
-        "tok/s patched",
-        "speedup",
-        "peak GiB/GPU unp.",
-        "peak GiB/GPU pat.",
-        "last loss unp. / pat.",
-        "max |Δloss|",
+    columns = [
+        ("model", ""),
+        ("wrapper", ""),
+        ("tok/s unpatched", ",.0f"),
+        ("tok/s patched", ",.0f"),
+        ("speedup", ".2f"),
+        ("peak GiB/GPU unp.", ".2f"),
+        ("peak GiB/GPU pat.", ".2f"),
+        ("last loss unp. / pat.", ">"),
+        ("max |dloss|", ".4f"),
+    ]
+    title = (
+        f"world size {world}, {args.layers} layers, {args.batch}x{args.seq} tokens per rank per step, "
+        f"{args.steps} steps (tokens/s: median step after {args.warmup}, summed over ranks); JSON: {path}"
     )
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    print(
-        f"\nworld size {world}, {args.layers} layers, {args.batch}x{args.seq} tokens per rank per step, "
-        f"{args.steps} steps (tokens/s: median step after {args.warmup}, summed over ranks); JSON: {out / name}"
-    )
-    print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    print("-|-".join("-" * w for w in widths))
-    for row in rows:
-        print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    harness.print_table(columns, rows, title)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,9 @@
-"""pytest plugin for GPU runs: every liger_registry.apply / patched of the session forces one FLCE strategy.
+"""pytest plugin for GPU runs: every liger_registry.apply / patched of the test run forces one FLCE strategy.
 
 Runs the parity suite once per strategy without a package-level switch (the strategy is a knob of the FLCE
 spec, given here as the `flce_strategy=` override of apply). Usage, from the repository root:
 
-    FORCE_FLCE_STRATEGY=vocab PYTHONPATH=$PWD:benchmarks python -m pytest -p force_flce_strategy tests/convergence -k gpu
+    FORCE_FLCE_STRATEGY=vocab PYTHONPATH=$PWD:$PWD/tests/convergence python -m pytest -p force_flce_strategy -m gpu tests/convergence
 
 Each forced apply checks that the resolved FLCE spec carries the strategy (a clear error when the installed
 liger_registry has no such knob); the summary says how many models were forced.

@@ -20,18 +20,24 @@ module, the same thing; a benchmark-only peer, imported here only; it has no GPT
 experts_forward(module, hidden_states, top_k_index, top_k_weights), with gate="clamped_swiglu" for GPT-OSS (what
 its registry entry installs; skipped with the ImportError while absent).
 
-Per shape x tokens x method: median ms of fwd+bwd (CUDA events, --warmup steps then --iters timed steps;
-gradients of hidden_states, routing weights and every expert parameter), TFLOP/s counting
+Per shape x tokens x method: median ms of fwd+bwd (the harness: every method and the dense GEMMs warmed up
+--warmup steps, then --iters timed steps each, interleaved; gradients of hidden_states, routing weights and every expert parameter), TFLOP/s counting
 3 * 2 * T*K * (H*2I + I*H), peak MiB above the inputs (max_memory_allocated during one step minus what was
 allocated before it; parameter gradients included), and the largest relative difference (max|x - ref| / max|ref|
 over output and every gradient) against the reference, transformers' "eager" in bf16 (grouped_mm if eager
 fails). The same FLOPs as dense bf16 GEMMs ([T*K, H] x [H, 2I] and [T*K, I] x [I, H], fwd+bwd) are timed in the
 same run. Ratios (time, lower is better for ours): ours / fastest transformers implementation, ours / liger,
-ours / dense. JSON under $OUT (or benchmarks/results/, --out); the table is printed last.
+ours / dense. ``autotune_s`` of ours: its first call (autotuning included). Besides ``rows`` (one per shape
+and tokens, methods nested), the JSON's ``table`` lists one entry per shape, tokens and method (ours, liger,
+hf:<impl>, dense) with ms, peak_mib, x_dense and autotune_s. JSON under --out; the table is printed last.
 
-Usage: python benchmarks/bench_moe.py [--shapes qwen3_moe,mixtral,gpt_oss,dbrx] [--tokens 4096,16384]
-                                      [--methods hf:eager,hf:grouped_mm,liger,ours] [--warmup 5] [--iters 20]
-       python benchmarks/bench_moe.py --cpu-smoke    # tiny dims, fp32, CPU, 1 iteration: checks the script
+``--llama4``: Llama 4's MoE block instead (transformers' Llama4TextMoe, every
+expert on every token, against the llama4 entry's moe_experts forward), with --tokens, --experts, --top-k.
+
+Usage: python -m benchmarks moe [--shapes qwen3_moe,mixtral,gpt_oss,dbrx] [--tokens 4096,16384]
+                                [--methods hf:eager,hf:grouped_mm,liger,ours] [--warmup 5] [--iters 20]
+       python -m benchmarks moe --cpu-smoke    # tiny dims, fp32, CPU, 1 iteration: checks the script
+       python -m benchmarks moe --llama4 [--tokens 4096,16384] [--experts 16] [--top-k 1] [--cpu-smoke]
 """
 
 from __future__ import annotations
@@ -42,19 +48,14 @@ import gc
 import importlib
 import inspect
 import os
-import statistics
 import sys
 import time
 import traceback
-from pathlib import Path
 from unittest import mock
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import env_info, incremental_peak_mib, write_json  # noqa: E402
+from benchmarks import harness
 
 # transformers' hub kernels (deepgemm, sonicmoe) must fail at once where the Hub cannot be reached
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -129,6 +130,9 @@ def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--tokens", default="4096,16384")
+    p.add_argument("--llama4", action="store_true", help="Llama 4's MoE block (Llama4TextMoe) instead")
+    p.add_argument("--experts", type=int, default=16, help="--llama4: experts")
+    p.add_argument("--top-k", type=int, default=1, help="--llama4: experts per token")
     p.add_argument(
         "--methods",
         default="all",
@@ -138,9 +142,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims, fp32, CPU, 1 iteration")
-    p.add_argument("--out", default=None, help="directory for the JSON (default: $OUT or benchmarks/results)")
+    harness.add_out_arg(p)
     args = p.parse_args(argv)
-    if args.cpu_smoke:
+    if args.cpu_smoke and not args.llama4:
         if args.tokens == "4096,16384":
             args.tokens = "64"
         args.warmup, args.iters = 0, 1
@@ -361,32 +365,9 @@ def rel_diffs(got: dict, ref: dict) -> dict[str, float]:
     return diffs
 
 
-def median_ms(run, zero, warmup: int, iters: int, cuda: bool) -> float:
-    """Median of `iters` steps after `warmup` steps: CUDA events per step (perf_counter on the CPU)."""
-    for _ in range(warmup):
-        zero()
-        run()
-    times, events = [], []
-    for _ in range(iters):
-        zero()
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            events.append((start, end))
-        else:
-            t = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t) * 1e3)
-    if cuda:
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) for s, e in events]
-    return statistics.median(times)
-
-
-def dense_ms(tk: int, h: int, inter: int, device: str, dtype, args) -> float:
-    """The same FLOPs as dense GEMMs: [TK, H] x [H, 2I] and [TK, I] x [I, H], forward and backward."""
+def dense_fn(tk: int, h: int, inter: int, device: str, dtype):
+    """The same FLOPs as dense GEMMs: [TK, H] x [H, 2I] and [TK, I] x [I, H], forward and backward;
+    (the step, the tensors whose gradients it makes)."""
     mk = lambda *s: torch.randn(*s, device=device, dtype=dtype).requires_grad_()  # noqa: E731
     a, w1, b, w2 = mk(tk, h), mk(h, 2 * inter), mk(tk, inter), mk(inter, h)
     dy1 = torch.randn(tk, 2 * inter, device=device, dtype=dtype)
@@ -396,11 +377,7 @@ def dense_ms(tk: int, h: int, inter: int, device: str, dtype, args) -> float:
         torch.mm(a, w1).backward(dy1)
         torch.mm(b, w2).backward(dy2)
 
-    def zero():
-        for t in (a, w1, b, w2):
-            t.grad = None
-
-    return median_ms(run, zero, max(args.warmup, 1), args.iters, device == "cuda")
+    return run, [a, w1, b, w2]
 
 
 def free(cuda: bool) -> None:
@@ -414,81 +391,85 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
 
 
-def measure(fn, module, inp, ref, args, cuda) -> tuple[dict, dict]:
-    """The method's row, and its output and gradients of the first step (the reference's, when it is one)."""
+def check(fn, module, inp, ref, cuda) -> tuple[dict, dict]:
+    """The method's first step (autotuning included): its time, peak, output and gradients against ref."""
     grads = leaves(module, inp)
-
-    def zero():
-        for t in grads:
-            t.grad = None
-
     row: dict = {}
-    got = results(fn, module, inp)  # also the first warm-up (and liger's autotuning)
+    start = time.perf_counter()
+    got = results(fn, module, inp)
+    if cuda:
+        torch.cuda.synchronize()
+    row["first_call_s"] = time.perf_counter() - start
     if ref is not None:
         row["rel_diff"] = rel_diffs(got, ref)
         row["max_rel_diff"] = max(row["rel_diff"].values())
     if cuda:
-        row["peak_mib"] = incremental_peak_mib(lambda: step(fn, module, inp), clear=grads)
-    row["ms"] = median_ms(lambda: step(fn, module, inp), zero, args.warmup, args.iters, cuda)
-    zero()
+        row["peak_mib"] = harness.peak_mib(lambda: step(fn, module, inp), clear=grads)
     return row, got
+
+
+def check_methods(row, fns, module, inp, cuda) -> dict:
+    """Each method's first step and numerics (the reference first); name -> step for those that ran."""
+    ref = None
+    runnable = {}
+    for name, fn in fns.items():
+        if isinstance(fn, BaseException):
+            row["methods"][name] = {"error": reason(fn)}
+            continue
+        try:
+            m, got = check(fn, module, inp, ref, cuda)
+            if ref is None and name in REFERENCES:
+                ref, row["reference"] = got, name
+                m["rel_diff"], m["max_rel_diff"] = dict.fromkeys(ref, 0.0), 0.0
+            del got
+            runnable[name] = lambda fn=fn: step(fn, module, inp)
+        except Exception as exc:  # noqa: BLE001 - an OOM or a missing kernel is this row's result
+            m = {"error": reason(exc)}
+            if (name == "liger" or name.startswith("ours")) and type(exc).__name__ not in SKIP_ERRORS:
+                traceback.print_exc()  # the transformers implementations' refusals are one line
+        row["methods"][name] = m
+        free(cuda)
+    return runnable
 
 
 def bench_shape(shape: str, tokens: int, names: list[str], args, device: str, dtype) -> dict:
     cuda = device == "cuda"
+    t0 = time.perf_counter()
     module, config = experts_module(shape, args.cpu_smoke, device, dtype, args.seed)
     e, k, h, inter = dims_of(config)
     flops = 3 * 2 * tokens * k * (h * 2 * inter + inter * h)
-    row = {
-        "shape": shape,
-        "label": SHAPES[shape]["label"],
-        "tokens": tokens,
-        "E": e,
-        "K": k,
-        "H": h,
-        "I": inter,
-        "flops": flops,
-        "methods": {},
-    }
+    row = {"shape": shape, "label": SHAPES[shape]["label"], "tokens": tokens, "E": e, "K": k, "H": h}
+    row.update(I=inter, flops=flops, methods={}, reference=None)
     inp = inputs(shape, config, tokens, device, dtype, args.seed)
-    ref, ref_name = None, None
-    for name, fn in method_fns(module, shape, names).items():
-        t0 = time.perf_counter()
-        if isinstance(fn, BaseException):
-            m = {"error": reason(fn)}
-        else:
-            try:
-                m, got = measure(fn, module, inp, ref, args, cuda)
-                if ref is None and name in REFERENCES:
-                    ref, ref_name = got, name
-                    m["rel_diff"], m["max_rel_diff"] = dict.fromkeys(ref, 0.0), 0.0
-                del got
-            except Exception as exc:  # noqa: BLE001 - an OOM or a missing kernel is this row's result
-                m = {"error": reason(exc)}
-                if (name == "liger" or name.startswith("ours")) and type(exc).__name__ not in SKIP_ERRORS:
-                    traceback.print_exc()  # the transformers implementations' refusals are one line
-        if "ms" in m:
-            m["tflops"] = flops / (m["ms"] * 1e-3) / 1e12
-        if name.startswith("ours") and "ms" in m:
-            m["autotune"] = autotune_picks()
-        row["methods"][name] = m
-        free(cuda)
-        what = (
-            f"{m['ms']:.3f} ms, {m['tflops']:.1f} TFLOP/s, rel diff {m.get('max_rel_diff', float('nan')):.1e}"
-            if "ms" in m
-            else f"skipped: {m['error'][:160]}"
-        )
-        print(f"  {shape} T{tokens} {name:<14} {what} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        for kernel, config in m.get("autotune", {}).items():
-            print(f"    autotune {kernel}: {config}")
-    row["reference"] = ref_name
-    del inp, module, ref
-    free(cuda)
+    runnable = check_methods(row, method_fns(module, shape, names), module, inp, cuda)
+    grads = leaves(module, inp)
     try:
-        row["dense_ms"] = dense_ms(tokens * k, h, inter, device, dtype, args)
-        row["dense_tflops"] = flops / (row["dense_ms"] * 1e-3) / 1e12
+        dense, dense_grads = dense_fn(tokens * k, h, inter, device, dtype)
+        runnable["dense"] = dense
+        grads = grads + dense_grads
     except Exception as exc:  # noqa: BLE001
         row["dense_error"] = reason(exc)
+    failed: dict[str, BaseException] = {}
+    timings = harness.measure(
+        runnable, warmup=args.warmup, repeats=args.iters, grad_to_none=grads, cuda=cuda, errors=failed
+    )
+    for name, exc in failed.items():
+        if name == "dense":
+            row["dense_error"] = reason(exc)
+        else:
+            row["methods"][name] = {"error": reason(exc)}
+    for name, timing in timings.items():
+        if name == "dense":
+            row["dense_ms"], row["dense_spread"] = timing.median, timing.spread
+            row["dense_tflops"] = flops / (timing.median * 1e-3) / 1e12
+            continue
+        m = row["methods"][name]
+        m.update(ms=timing.median, spread=timing.spread, tflops=flops / (timing.median * 1e-3) / 1e12)
+        if name.startswith("ours"):
+            m["autotune"] = autotune_picks()
+            m["autotune_s"] = m["first_call_s"]
+    print(f"  {shape} T{tokens}: {len(timings)} methods timed ({time.perf_counter() - t0:.1f} s)", flush=True)
+    del inp, module, runnable
     free(cuda)
     ratios(row)
     return row
@@ -511,85 +492,224 @@ def ratios(row: dict) -> None:
 # --- table
 
 
-def fmt(x, spec: str) -> str:
-    width = spec.split(".")[0]
-    return "-".rjust(int(width) if width.isdigit() else 1) if x is None else format(x, spec)
+def flat_rows(rows: list[dict]) -> list[dict]:
+    """One entry per shape, tokens and method (the dense GEMMs as method "dense")."""
+    out = []
+    for row in rows:
+        dense = row.get("dense_ms")
+        for name, m in row["methods"].items():
+            entry = {"shape": row["shape"], "tokens": row["tokens"], "method": name, "ms": m.get("ms")}
+            entry["peak_mib"] = m.get("peak_mib")
+            entry["x_dense"] = m["ms"] / dense if "ms" in m and dense else None
+            entry["autotune_s"] = m.get("autotune_s")
+            entry["error"] = m.get("error")
+            out.append(entry)
+        out.append(
+            {"shape": row["shape"], "tokens": row["tokens"], "method": "dense", "ms": dense, "peak_mib": None}
+            | {"x_dense": 1.0 if dense else None, "autotune_s": None, "error": row.get("dense_error")}
+        )
+    return out
+
+
+COLUMNS = [
+    ("shape", ""),
+    ("T", "d"),
+    ("method", ""),
+    ("ms", ".3f"),
+    ("spread", ".1%"),
+    ("TFLOP/s", ".1f"),
+    ("peak MiB", ".0f"),
+    ("rel diff", ".1e"),
+    ("/dense", ".3f"),
+    ("note", ""),
+]
+
+
+def table_rows(rows: list[dict]) -> list[list]:
+    out = []
+    for row in rows:
+        dense = row.get("dense_ms")
+        for name, m in row["methods"].items():
+            x = m["ms"] / dense if "ms" in m and dense else None
+            out.append(
+                [row["shape"], row["tokens"], name, m.get("ms"), m.get("spread"), m.get("tflops")]
+                + [m.get("peak_mib"), m.get("max_rel_diff"), x, m.get("error", "")[:100]]
+            )
+        out.append(
+            [row["shape"], row["tokens"], "dense GEMMs", dense, row.get("dense_spread")]
+            + [row.get("dense_tflops"), None, None, 1.0 if dense else None, row.get("dense_error", "")[:100]]
+        )
+    return out
 
 
 def print_table(rows: list[dict], meta: dict) -> None:
-    print(f"\n{meta['title']}")
     print(
         "ms: median fwd+bwd (grads of hidden, routing weights, parameters); TFLOP/s of 3*2*T*K*(H*2I + I*H); "
         "peak: MiB above the inputs; rel diff: max over output and grads of max|x - ref| / max|ref|"
     )
     for row in rows:
         print(
-            f"\n{row['label']} ({row['shape']}): T={row['tokens']} E={row['E']} K={row['K']} H={row['H']} "
-            f"I={row['I']}, {row['flops'] / 1e12:.2f} TFLOP; reference {row['reference']}"
+            f"{row['label']} ({row['shape']}): T={row['tokens']} E={row['E']} K={row['K']} H={row['H']} "
+            f"I={row['I']}, {row['flops'] / 1e12:.2f} TFLOP; reference {row['reference']}; fastest hf "
+            f"{row['fastest_hf']}; "
+            + ", ".join(f"{k} {harness.cell(v, '.3f')}" for k, v in row["ratios"].items())
         )
-        print(f"  {'method':<16}{'ms':>10}{'TFLOP/s':>9}{'peak MiB':>10}{'rel diff':>10}")
-        for name, m in row["methods"].items():
-            if "ms" not in m:
-                print(f"  {name:<16}skipped: {m['error'][:150]}")
-                continue
-            print(
-                f"  {name:<16}{m['ms']:10.3f}{m['tflops']:9.1f}{fmt(m.get('peak_mib'), '10.0f')}"
-                f"{fmt(m.get('max_rel_diff'), '10.1e')}"
-            )
-        if "dense_ms" in row:
-            print(f"  {'dense GEMMs':<16}{row['dense_ms']:10.3f}{row['dense_tflops']:9.1f}")
-        else:
-            print(f"  {'dense GEMMs':<16}failed: {row.get('dense_error', '?')[:150]}")
-        r = row["ratios"]
-        print(
-            f"  time ratios: ours/{row['fastest_hf'] or 'best hf'} {fmt(r['ours/best_hf'], '.3f')}, "
-            f"ours/liger {fmt(r['ours/liger'], '.3f')}, ours/dense {fmt(r['ours/dense'], '.3f')}, "
-            f"best hf/dense {fmt(r['best_hf/dense'], '.3f')}"
-        )
+    harness.print_table(COLUMNS, table_rows(rows), meta["title"])
     for note in meta["notes"]:
         print(f"note: {note}")
     print(f"json: {meta['json']}")
 
 
+def record(results: harness.Results, table: list[dict]) -> None:
+    for entry in table:
+        case = f"{entry['shape']} T={entry['tokens']}"
+        for key in ("ms", "peak_mib", "x_dense", "autotune_s"):
+            results.add(case, entry["method"], key, entry[key])
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.llama4:
+        return llama4(args)
     if not args.cpu_smoke and not torch.cuda.is_available():
-        print("bench_moe: no CUDA device; use --cpu-smoke to check the script on the CPU")
+        print("moe: no CUDA device; use --cpu-smoke to check the script on the CPU")
         return 1
     device = "cpu" if args.cpu_smoke else "cuda"
     dtype = torch.float32 if args.cpu_smoke else torch.bfloat16
     try:  # ours first: an implementation it registers into transformers is then recognised as not transformers'
         ours_method()
     except Exception as exc:  # noqa: BLE001
-        print(f"bench_moe: ours unavailable ({reason(exc)}); its rows are skipped")
+        print(f"moe: ours unavailable ({reason(exc)}); its rows are skipped")
     hf_names, notes = transformers_impls()
     every = [f"hf:{n}" for n in hf_names] + ["liger", "ours"]
     names = every if args.methods == "all" else args.methods.split(",")
     names.sort(key=lambda n: REFERENCES.index(n) if n in REFERENCES else len(REFERENCES))  # reference first
-    import transformers
-
-    info = {**env_info(), "transformers": transformers.__version__}
+    results = harness.Results("moe", args.out, env=harness.capture_env(None if not args.cpu_smoke else "cpu"))
+    info = results.env
     title = (
         f"MoE experts fwd+bwd, {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}; {info.get('device', 'cpu')}, "
         f"torch {info['torch']}, triton {info['triton']}, transformers {info['transformers']}, "
-        f"liger-kernel {info['liger_kernel'][:40]}"
+        f"liger-kernel {info['liger_kernel']}"
     )
     print(title, flush=True)
-    if args.out is not None:
-        os.environ["OUT"] = args.out
-    name = "bench_moe_smoke.json" if args.cpu_smoke else "bench_moe.json"
-    meta = {"title": title, "env": info, "args": vars(args), "notes": notes}
+    meta = {
+        "title": title,
+        "env": info,
+        "args": vars(args),
+        "notes": notes,
+        "json": str(results.path("json")),
+    }
     rows, start = [], time.perf_counter()
     for shape in args.shapes.split(","):
         for tokens in (int(t) for t in args.tokens.split(",")):
             rows.append(bench_shape(shape, tokens, names, args, device, dtype))
             meta["wall_s"] = time.perf_counter() - start
-            meta["json"] = str(
-                write_json(name, {"meta": meta, "rows": rows})
-            )  # after each row: a cut run keeps it
+            # after each row: a cut run keeps what it measured (the CSV rows come with the last write)
+            harness.write_json(
+                results.path("json").name, {"meta": meta, "rows": rows, "env": info}, results.out
+            )
+    table = flat_rows(rows)
+    record(results, table)
+    results.write({"meta": meta, "rows": rows, "table": table})
     print_table(rows, meta)
     ok = any("ms" in m for row in rows for m in row["methods"].values())
     return 0 if ok else 1
+
+
+# --- Llama 4's MoE block (--llama4)
+#
+# transformers' Llama4TextMoe runs every expert on every token (inputs scaled by the dense sigmoid router scores,
+# zero where an expert is not selected); the llama4 registry entry's moe_experts forward runs only the top-k
+# selected experts on the grouped-GEMM kernel. Llama-4-Scout-17B-16E's dims (16 experts, top-1, hidden 5120,
+# expert and shared-expert intermediate 8192), bf16, weights ~ N(0, 0.02^2), hidden ~ N(0, 1), fixed seeds. Per
+# method: median ms of forward + backward (gradients of the hidden states and every parameter), peak MiB above
+# the inputs, and the largest relative difference (output and every gradient) against transformers' block.
+
+
+def llama4_block(args, device, dtype) -> torch.nn.Module:
+    from transformers.models.llama4 import modeling_llama4
+    from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+
+    dims = (32, 24) if args.cpu_smoke else (5120, 8192)
+    config = Llama4TextConfig(
+        hidden_size=dims[0],
+        intermediate_size=dims[1],
+        intermediate_size_mlp=dims[1],
+        num_local_experts=args.experts,
+        num_experts_per_tok=args.top_k,
+    )
+    block = modeling_llama4.Llama4TextMoe(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return block.to(device, dtype)
+
+
+def llama4_step(forward, x):
+    def run():
+        out, _ = forward(x)
+        out.backward(torch.ones_like(out))
+
+    return run
+
+
+def llama4_grads(forward, block, x) -> list[torch.Tensor]:
+    for t in (x, *block.parameters()):
+        t.grad = None
+    llama4_step(forward, x)()
+    out, _ = forward(x)
+    return [out.detach(), *(t.grad.clone() for t in (x, *block.parameters()))]
+
+
+def max_rel(got: list, want: list) -> float:
+    return max(
+        ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+        for a, b in zip(got, want, strict=True)
+    )
+
+
+def llama4(args) -> int:
+    from liger_registry.modules.moe import moe_experts_forward
+    from liger_registry.registry import load_registry
+
+    cuda = not args.cpu_smoke
+    if cuda and not torch.cuda.is_available():
+        print("moe --llama4: no CUDA device; use --cpu-smoke to check the script on the CPU")
+        return 1
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    block = llama4_block(args, device, dtype)
+    spec = load_registry().families["llama4_text"].entry.kernels.moe_experts
+    methods = {"hf": block.forward, "ours": moe_experts_forward(spec).__get__(block)}
+    rows = []
+    for tokens in [16] if args.cpu_smoke else [int(t) for t in args.tokens.split(",")]:
+        x = torch.randn(1, tokens, block.hidden_dim, device=device, dtype=dtype).requires_grad_()
+        params = [x, *block.parameters()]
+        ref = llama4_grads(methods["hf"], block, x)
+        steps = {name: llama4_step(forward, x) for name, forward in methods.items()}
+        warm, reps = (0, 1) if args.cpu_smoke else (args.warmup, args.iters)
+        timings = harness.measure(steps, warmup=warm, repeats=reps, grad_to_none=params, cuda=cuda)
+        for name, forward in methods.items():
+            rel = max_rel(llama4_grads(forward, block, x), ref)
+            peak = harness.peak_mib(steps[name], clear=params) if cuda else float("nan")
+            ms, spread = timings[name].median, timings[name].spread
+            rows.append({"tokens": tokens, "method": name, "ms": ms, "spread": spread, "peak_mib": peak})
+            rows[-1]["rel_diff"] = rel
+    results = harness.Results("moe", args.out, tag="llama4", env=harness.capture_env(None if cuda else "cpu"))
+    for r in rows:
+        for key in ("ms", "peak_mib", "rel_diff"):
+            results.add(f"llama4 T={r['tokens']}", r["method"], key, r[key])
+    by = {(r["tokens"], r["method"]): r for r in rows}
+    for r in rows:
+        r["x_hf"] = r["ms"] / by[(r["tokens"], "hf")]["ms"]
+    path = results.write({"args": vars(args), "rows": rows})
+    cols = [("T", "d"), ("method", ""), ("ms", ".3f"), ("spread", ".1%"), ("/hf", ".3f"), ("peak MiB", ".0f")]
+    cols.append(("rel diff", ".1e"))
+    keys = ("tokens", "method", "ms", "spread", "x_hf", "peak_mib", "rel_diff")
+    title = f"Llama4TextMoe fwd+bwd, {dtype}, E={args.experts} top-{args.top_k}, hidden {block.hidden_dim}"
+    harness.print_table(cols, [[r[k] for k in keys] for r in rows], title)
+    print(f"json: {path}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""Probe (issue 23): our grouped-GEMM experts against transformers' grouped_mm experts on three shapes, bf16,
+"""Question: Do our grouped-GEMM experts match transformers' grouped_mm experts, and how fast are they?
+Answer recorded in docs/design/moe-experts.md.
+
+Our grouped-GEMM experts against transformers' grouped_mm experts on three shapes, bf16,
 fwd+bwd: max |diff| of output and gradients (relative to the reference's max) and median ms. GPU only.
 
-Usage: python benchmarks/probe_moe_kernels.py [--tokens 4096]
+Usage: python -m benchmarks.probes.moe_kernels [--tokens 4096]
 """
 
 from __future__ import annotations

@@ -1,26 +1,24 @@
-"""Where one token chunk of the FLCE token strategy spends its time (issue 10's throughput-vs-floor miss).
+"""Question: Where does one token chunk of the FLCE token strategy spend its time, against the 3-GEMM floor?
+Answer recorded in docs/design/flce-layouts.md.
+
+Where one token chunk of the FLCE token strategy spends its time.
 
 Per chunk size: the logits GEMM, the row kernel (loss + in-place gradient), the dX GEMM, the dW GEMM written
-(first chunk) and accumulated (bf16 read-modify-write; fp32 accumulator), each timed alone (do_bench median),
+(first chunk) and accumulated (bf16 read-modify-write; fp32 accumulator), each timed alone (median of the harness),
 plus variants of the dX GEMM (transposed output, split over the vocabulary). The 3-GEMM floor at the full BT is
-timed in the same process (the row kernels' statistics pass per choice: probe_row_stats.py). JSON under $OUT.
+timed in the same process (the row kernels' statistics pass per choice: benchmarks.probes.row_stats). JSON under $OUT (else benchmarks/results/).
 
-Usage: python benchmarks/probe_token_chunk.py [--shape gpt_oss] [--bt 8192] [--chunks 1024,1280]
+Usage: python -m benchmarks.probes.token_chunk [--shape gpt_oss] [--bt 8192] [--chunks 1024,1280]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import median_ms, write_json  # noqa: E402
-from probe_row_stats import ce_rows_call  # noqa: E402
+from benchmarks.harness import median_ms, write_probe
+from benchmarks.probes.row_stats import ce_rows_call
 
 SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088)}
 
@@ -100,7 +98,7 @@ def main() -> None:
             f"{sum(fl.values()) / k:.3f}",
             flush=True,
         )
-    write_json(f"probe_token_chunk_{args.shape}.json", res)
+    write_probe("token_chunk", res, tag=args.shape)
 
 
 if __name__ == "__main__":

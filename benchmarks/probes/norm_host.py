@@ -1,13 +1,16 @@
-"""Where a LayerNorm / RMSNorm fwd+bwd call spends its host time (GPU only; < 60 s on an H200).
+"""Question: Where does a LayerNorm / RMSNorm forward + backward call spend its host time?
+Answer recorded in docs/design/norm-host-overhead.md.
+
+Where a LayerNorm / RMSNorm fwd+bwd call spends its host time (GPU only; < 60 s on an H200).
 
 For LayerNorm and RMSNorm 16384 x 4096 bf16, forward + backward (ours; the peer and eager torch where
-available for the wall): (a) wall median (do_bench), (b) host issue time per call with the GPU held behind
+available for the wall): (a) wall median, (b) host issue time per call with the GPU held behind
 ``torch.cuda._sleep`` (pure host work; a call that syncs shows up as the sleep's length), for the forward alone
 and forward + backward, (c) cProfile top 25 by tottime of 50 host-issued calls, (d) each Triton kernel launched:
 grid, num_warps, num_stages, shared memory, registers, spills (from the compiled kernel; "?" where triton does
 not say), (e) torch.profiler CPU + CUDA table, top 15, (f) (a) and (b) again once a profiler has run in the process,
 (g) the backward kernels at 8 and 16 warps (BWD_WARP_FACTOR 1 and 2).
-Usage: python benchmarks/probe_norm_host.py [--no-cprofile]
+Usage: python -m benchmarks.probes.norm_host [--no-cprofile]
 """
 
 from __future__ import annotations
@@ -17,15 +20,12 @@ import io
 import pstats
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from liger_registry import kernels as K  # noqa: E402
-from liger_registry.kernels.norm import triton_kernels  # noqa: E402
+from liger_registry import kernels as K
+from liger_registry.kernels.norm import triton_kernels
 
 N, H = 16384, 4096
 BF = torch.bfloat16
@@ -234,7 +234,7 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
         except Exception as e:  # noqa: BLE001
             print("profiler table unavailable:", repr(e))
-    # Kineto may leave CUPTI attached after a profiler session (pytorch issue 144455): if these differ from (a)/(b),
+    # Kineto may leave CUPTI attached after a profiler run (a known torch.profiler behaviour): if these differ from (a)/(b),
     # every timing taken after a profiler in the same process (bench_ops before this change) was inflated.
     print(f"\n(f) after torch.profiler ran: {'case':<18}{'wall ms':>9}{'host fwd+bwd us':>17}")
     for name, (_fwd, step) in all_cases.items():

@@ -1,4 +1,4 @@
-"""End-to-end training benchmark (issue 10): HF unpatched vs liger-kernel vs ours, one process per configuration.
+"""End-to-end training benchmark: HF unpatched vs liger-kernel vs ours, one process per configuration.
 
 Training steps (forward, backward, AdamW) of a Llama-3-8B-shaped (hidden 4096, MLP 14336, 32/8 heads, vocabulary
 128256) and a Qwen3-8B-shaped (hidden 4096, MLP 12288, 32/8 heads, head_dim 128, vocabulary 151936) model cut
@@ -12,8 +12,8 @@ and allocator: peak memory does not inherit another run's fragmentation), the me
 to each other and in a rotated order per repeat. By default the processes are forked from this driver after it
 imported torch and transformers once (it never touches CUDA); --spawn starts each one from scratch instead.
 Per run: tokens/s of the median step after the warm-up steps, peak allocated GiB, the loss of every step (same
-seed and data for every method). Table (ours/HF and ours/peer ratios, issue 10's targets) printed last; JSON and
-one PNG (tok/s bars, peak memory bars, loss curves) under $OUT or benchmarks/results/.
+seed and data for every method). Table (ours/HF and ours/peer ratios, the targets) printed last; JSON and
+one PNG (tok/s bars, peak memory bars, loss curves) under --out.
 MoE rows (--models, not in the default): `qwen3_moe` (Qwen3-30B-A3B: hidden 2048, 32/4 heads, head_dim 128, 128
 experts top-8 of intermediate 768, vocabulary 151936), `mixtral` (Mixtral-8x7B: hidden 4096, 32/8 heads, 8
 experts top-2 of intermediate 14336, vocabulary 32000), `gpt_oss` (GPT-OSS-20B: hidden 2880, 64/8 heads, head_dim
@@ -21,10 +21,10 @@ experts top-2 of intermediate 14336, vocabulary 32000), `gpt_oss` (GPT-OSS-20B: 
 `hf` runs transformers' default experts implementation (recorded per run), `liger` liger-kernel's
 apply_liger_kernel_to_qwen3_moe / _mixtral (experts -> LigerExperts) / _gpt_oss (no experts kernel: HF's stay).
 
-Usage: python benchmarks/bench_e2e.py [--quick] [--models llama,qwen3] [--layers 2,4] [--tokens 4096,8192]
-                                      [--methods hf,liger,ours,ours_tp] [--repeats 2] [--steps 8] [--warmup 3]
-       python benchmarks/bench_e2e.py --models qwen3_moe,mixtral,gpt_oss --layers 4 --tokens 4096
-       python benchmarks/bench_e2e.py --cpu-smoke    # tiny dims on CPU, 2 steps, no peer: checks the script
+Usage: python -m benchmarks e2e [--quick] [--models llama,qwen3] [--layers 2,4] [--tokens 4096,8192]
+                                [--methods hf,liger,ours,ours_tp] [--repeats 2] [--steps 8] [--warmup 3]
+       python -m benchmarks e2e --models qwen3_moe,mixtral,gpt_oss --layers 4 --tokens 4096
+       python -m benchmarks e2e --cpu-smoke    # tiny dims on CPU, 2 steps, no peer: checks the script
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import harness
+
 # torch.cuda.is_available() through NVML in the driver: it must not initialise CUDA before it forks the runs
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 NVML_CHECK_BEFORE = os.environ.get(NVML_CHECK)
@@ -160,7 +160,7 @@ def parse(argv=None) -> argparse.Namespace:
         choices=("fused", "foreach"),
         default="fused",
         help="AdamW implementation: fused is what transformers' Trainer uses by default with torch >= 2.8 "
-        "(optim adamw_torch_fused); foreach was this script's choice up to run 9 (~2x the optimizer time)",
+        "(optim adamw_torch_fused); foreach costs about 2x the optimizer time",
     )
     p.add_argument("--timeout-s", type=float, default=120.0, help="per process")
     p.add_argument(
@@ -169,9 +169,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--spawn", action="store_true", help="start every process from scratch instead of forking")
     p.add_argument("--quick", action="store_true", help="2 layers, both models and token counts, 1 repeat")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims on CPU, 2 steps, methods without CUDA")
-    p.add_argument(
-        "--out", default=None, help="directory for JSON and PNG (default: $OUT or benchmarks/results)"
-    )
+    harness.add_out_arg(p)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -286,7 +284,6 @@ def train(job: dict, model, device: str) -> dict:
     import torch
 
     cuda = device == "cuda"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     vocab, seq = model.config.vocab_size, job["tokens"] // job["batch"]
     gen = torch.Generator().manual_seed(1234)  # two fixed batches in turn: the loss goes down, same for all
     batches = [torch.randint(0, vocab, (job["batch"], seq), generator=gen).to(device) for _ in range(2)]
@@ -297,20 +294,18 @@ def train(job: dict, model, device: str) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=job["lr"], fused=fused, foreach=not fused)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    losses, times = [], []
-    for step in range(job["steps"]):
+
+    def one(step: int):
         ids = batches[step % 2]
-        sync()
-        start = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync()
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss.detach()))
-    timed = times[job["warmup"] :] or times
-    median = statistics.median(timed)
+        return loss.detach()
+
+    losses, times = harness.time_steps(one, job["steps"], cuda)
+    losses = [float(x) for x in losses]
+    median = harness.steady_median(times, job["warmup"])
     return {
         "compile_s": max(0.0, sum(times[: job["warmup"]]) - median * min(job["warmup"], len(times))),
         "losses": losses,
@@ -392,19 +387,23 @@ def timeout_of(job: dict, args: argparse.Namespace) -> float:
     return args.timeout_s * (2 if job["method"].endswith(COMPILED) else 1)
 
 
-def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int, child=None, script=None) -> dict:
+def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int, child=None, module=None) -> dict:
     """Run one job in its own process: forked into ``child`` (default child_main), or with --spawn as
-    ``script --child JOB --result PATH`` (default this file); sibling benchmarks pass their own pair."""
+    ``python -m MODULE --child JOB --result PATH`` (default this module); sibling benchmarks pass their own pair."""
     result = tmp / f"job{index}.json"
     start = time.perf_counter()
     if args.spawn:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p),
-        }
-        cmd = [sys.executable, script or __file__, "--child", json.dumps(job), "--result", str(result)]
+        cmd = [
+            sys.executable,
+            "-m",
+            module or "benchmarks.e2e",
+            "--child",
+            json.dumps(job),
+            "--result",
+            str(result),
+        ]
         try:
-            rc = subprocess.run(cmd, env=env, timeout=timeout_of(job, args)).returncode
+            rc = subprocess.run(cmd, cwd=harness.ROOT, timeout=timeout_of(job, args)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     else:
@@ -448,9 +447,7 @@ def drive(args: argparse.Namespace) -> list[dict]:
                 continue
             r = launch(job, args, Path(tmp), i)
             if not args.spawn and not r.get("ok") and fork_broke_cuda(r.get("error", "")):
-                print(
-                    f"bench_e2e: CUDA does not start in a forked process ({r['error'][:120]}); spawning instead"
-                )
+                print(f"e2e: CUDA does not start in a forked process ({r['error'][:120]}); spawning instead")
                 args.spawn = True
                 r = launch(job, args, Path(tmp), i)
             runs.append(r)
@@ -530,17 +527,15 @@ def judge(row: dict) -> None:
 
 
 def kfmt(x) -> str:
-    return "-" if x is None else f"{x / 1000:.1f}k"
+    return None if x is None else f"{x / 1000:.1f}k"
 
 
-def ffmt(x, spec: str) -> str:
-    """format(x, spec), or a dash as wide as the spec asks when there is no value."""
-    width = spec.split(".")[0]
-    return "-".rjust(int(width) if width.isdigit() else 1) if x is None else format(x, spec)
+def verdicts(targets: dict) -> str:
+    return " ".join(f"{k}:{'?' if v is None else 'met' if v else 'MISSED'}" for k, v in targets.items())
 
 
-def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
-    methods = meta["methods"]
+def print_runs(runs: list[dict], meta: dict) -> None:
+    """What the processes cost, the FLCE plans and the failed runs."""
     ok = [r for r in runs if r.get("ok")]
     if ok:
         over = [r["wall_s"] - sum(r["step_s"]) for r in ok]
@@ -561,34 +556,33 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
                 f"  ERROR {r['model']} L{r['layers']} T{r['tokens']} {r['method']} r{r['repeat']}: "
                 f"{r.get('error', '')[:140]}"
             )
-    print(f"\n{meta['title']}")
+
+
+RATIOS = ("ours/hf", "ours/liger", "tp/hf", "tp/liger", "oc/hc")
+
+
+def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
+    methods = meta["methods"]
+    print_runs(runs, meta)
     print(
-        f"tok/s: mean of {meta['repeats']} process(es), median step after {meta['warmup']} of {meta['steps']}; "
+        f"\ntok/s: mean of {meta['repeats']} process(es), median step after {meta['warmup']} of {meta['steps']}; "
         f"peak: max allocated GiB; targets: {TARGETS}"
     )
-    w = max([6] + [len(row["model"]) for row in rows])
-    head = f"{'model':<{w}}{'L':>2}{'tokens':>7} |" + "".join(f"{m:>8}" for m in methods)
-    head += f" |{'ours/hf':>8}{'ours/lk':>8}{'tp/hf':>7}{'tp/lk':>7}{'oc/hc':>7} | peak GiB" + "".join(
-        f"{m:>8}" for m in methods
-    )
-    head += f" |{'max|dL|':>8} | targets"
-    print(head)
+    cols = [("model", ""), ("L", "d"), ("tokens", "d")] + [(m, ">") for m in methods]
+    cols += [(r.replace("liger", "lk"), ".3f") for r in RATIOS]
+    cols += [(f"GiB {m}", ".2f") for m in methods] + [("max|dL|", ".1e"), ("targets", "")]
+    lines = []
     for row in rows:
         ms = row["methods"]
-        line = f"{row['model']:<{w}}{row['layers']:>2}{row['tokens']:>7} |"
-        line += "".join(f"{kfmt(ms.get(m, {}).get('tps')):>8}" for m in methods)
-        r = row["ratios"]
-        line += (
-            f" |{ffmt(r['ours/hf'], '8.3f')}{ffmt(r['ours/liger'], '8.3f')}{ffmt(r['tp/hf'], '7.3f')}"
-            f"{ffmt(r['tp/liger'], '7.3f')}{ffmt(r['oc/hc'], '7.3f')} |         "
-        )
-        line += "".join(f"{ffmt(ms.get(m, {}).get('peak'), '8.2f'):>8}" for m in methods)
         dl = max((m.get("max_dloss_vs_hf", 0.0) for m in ms.values()), default=None)
-        line += f" |{ffmt(dl, '8.1e')} | "
-        line += " ".join(
-            f"{k}:{'?' if v is None else 'met' if v else 'MISSED'}" for k, v in row["targets"].items()
+        lines.append(
+            [row["model"], row["layers"], row["tokens"]]
+            + [kfmt(ms.get(m, {}).get("tps")) for m in methods]
+            + [row["ratios"][r] for r in RATIOS]
+            + [ms.get(m, {}).get("peak") for m in methods]
+            + [dl, verdicts(row["targets"])]
         )
-        print(line)
+    harness.print_table(cols, lines, meta["title"])
     for row in rows:
         for name, m in row["methods"].items():
             if name.endswith(COMPILED) and m["compile_s"]:
@@ -604,40 +598,39 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
 
 
 def plot(rows: list[dict], methods: list[str], path: Path) -> str:
-    try:
-        import matplotlib
+    def draw(plt):
+        n = len(rows)
+        grid = math.ceil(n / 4)
+        fig = plt.figure(figsize=(18, 5 + 3.2 * grid))
+        gs = fig.add_gridspec(1 + grid, 4)
+        labels = [f"{r['model']}\nL{r['layers']} T{r['tokens']}" for r in rows]
+        width = 0.8 / max(len(methods), 1)
+        for j, (key, title) in enumerate((("tps", "tokens/s"), ("peak", "peak allocated GiB"))):
+            ax = fig.add_subplot(gs[0, 2 * j : 2 * j + 2])
+            for k, m in enumerate(methods):
+                vals = [row["methods"].get(m, {}).get(key) or 0.0 for row in rows]
+                ax.bar([i + k * width for i in range(n)], vals, width, label=m)
+            ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(n)], labels, fontsize=7)
+            ax.set_title(title)
+            ax.legend(fontsize=7)
+        for i, row in enumerate(rows):
+            ax = fig.add_subplot(gs[1 + i // 4, i % 4])
+            for m in methods:
+                losses = row["methods"].get(m, {}).get("losses")
+                if losses:
+                    ax.plot(range(1, len(losses) + 1), losses, marker=".", label=m)
+            ax.set_title(labels[i].replace("\n", " "), fontsize=8)
+            ax.set_xlabel("step", fontsize=7)
+            ax.legend(fontsize=6)
+        return fig
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        return f"not drawn ({exc})"
-    n = len(rows)
-    grid = math.ceil(n / 4)
-    fig = plt.figure(figsize=(18, 5 + 3.2 * grid))
-    gs = fig.add_gridspec(1 + grid, 4)
-    labels = [f"{r['model']}\nL{r['layers']} T{r['tokens']}" for r in rows]
-    width = 0.8 / max(len(methods), 1)
-    for j, (key, title) in enumerate((("tps", "tokens/s"), ("peak", "peak allocated GiB"))):
-        ax = fig.add_subplot(gs[0, 2 * j : 2 * j + 2])
-        for k, m in enumerate(methods):
-            vals = [row["methods"].get(m, {}).get(key) or 0.0 for row in rows]
-            ax.bar([i + k * width for i in range(n)], vals, width, label=m)
-        ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(n)], labels, fontsize=7)
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    for i, row in enumerate(rows):
-        ax = fig.add_subplot(gs[1 + i // 4, i % 4])
-        for m in methods:
-            losses = row["methods"].get(m, {}).get("losses")
-            if losses:
-                ax.plot(range(1, len(losses) + 1), losses, marker=".", label=m)
-        ax.set_title(labels[i].replace("\n", " "), fontsize=8)
-        ax.set_xlabel("step", fontsize=7)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return str(path)
+    return harness.plot(draw, path)
+
+
+def results_of(args, runs: list[dict], bench: str = "e2e", tag: str = "") -> harness.Results:
+    """The run's result files, with the device its processes reported (the driver never starts CUDA)."""
+    device = next((r["env"].get("device") for r in runs if r.get("env", {}).get("device")), "cpu")
+    return harness.Results(bench, args.out, env=harness.capture_env(device), tag=tag)
 
 
 def main(argv=None) -> int:
@@ -645,20 +638,12 @@ def main(argv=None) -> int:
     if args.child is not None:
         child_main(json.loads(args.child), args.result)
         return 0
-    if args.out is None:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from common import out_dir
-
-        out = out_dir()
-    else:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     runs = drive(args)
     rows = summarise(runs)
     methods = args.methods.split(",")
-    stem = "bench_e2e_smoke" if args.cpu_smoke else "bench_e2e"
-    env = next((r["env"] for r in runs if "env" in r), {})
+    results = results_of(args, runs)
+    env = {**next((r["env"] for r in runs if "env" in r), {}), **results.env}
     title = (
         f"training step (fwd, bwd, AdamW {args.optimizer}), {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}, "
         f"{'SDPA (gpt_oss: eager)' if 'gpt_oss' in args.models.split(',') else 'SDPA'}, batch "
@@ -676,14 +661,14 @@ def main(argv=None) -> int:
         "env": env,
         "args": vars(args),
     }
-    try:
-        meta["png"] = plot(rows, methods, out / f"{stem}.png")
-    except Exception as exc:  # noqa: BLE001 - a plotting failure must not cost the table
-        meta["png"] = f"not drawn ({type(exc).__name__}: {exc})"
-    meta["json"] = str(out / f"{stem}.json")
-    Path(meta["json"]).write_text(
-        json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1, default=str)
-    )
+    meta["png"] = plot(rows, methods, results.path("png"))
+    meta["json"] = str(results.path("json"))
+    for row in rows:
+        case = f"{row['model']} L{row['layers']} T{row['tokens']}"
+        for name, m in row["methods"].items():
+            results.add(case, name, "tokens_per_s", m["tps"])
+            results.add(case, name, "peak_gib", m["peak"])
+    results.write({"meta": meta, "rows": rows, "runs": runs})
     print_table(rows, runs, meta)
     return 0 if any(r.get("ok") for r in runs) else 1
 

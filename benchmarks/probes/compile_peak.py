@@ -1,25 +1,24 @@
-"""Where a compiled training step's peak memory and time go: one bench_e2e model and method, eager or compiled,
+"""Question: Where do a compiled training step's peak memory and time go, phase by phase?
+Answer recorded in docs/design/compile.md.
+
+Where a compiled training step's peak memory and time go: one bench_e2e model and method, eager or compiled,
 with the peak of each phase (forward, backward, optimizer), the memory the forward leaves for the backward, and
 the largest blocks alive at the step's peak with the frames that allocated them (CUDA allocator history).
 One method per process.
 
-Usage: python benchmarks/probe_compile_peak.py --method ours [--compile] [--model llama] [--layers 2] [--tokens 4096]
+Usage: python -m benchmarks.probes.compile_peak --method ours [--compile] [--model llama] [--layers 2] [--tokens 4096]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import bench_e2e  # noqa: E402
+from benchmarks import e2e as bench_e2e
 
 GIB = 2**30
 

@@ -1,30 +1,25 @@
 """Memory-bound ops benchmark (GPU): ours vs liger-kernel 0.8.5 vs HF / PyTorch eager, forward + backward, bf16.
 
-Median ms (triton.testing.do_bench), and achieved bandwidth (the bytes the op must move at least, stated per row
+Median ms (the harness: warm-up, then the methods of a case interleaved), and achieved bandwidth (the bytes the op must move at least, stated per row
 as a formula, / time) against a device-to-device copy measured in the same run: from the wall time (includes
 the Python side of the call) and from the GPU kernel time (torch.profiler, the op's own speed). The walls of
 every case are taken first and the profiler runs afterwards: Kineto can leave CUPTI attached after a profiler
-session (pytorch issue 144455), which slowed the launches of every case timed after the first profiled one.
+run (a known torch.profiler behaviour), which slowed the launches of every case timed after the first profiled one.
 The peer is imported here only.
-Usage: python benchmarks/bench_ops.py
+Usage: python -m benchmarks ops [--repeats 50] [--out DIR]
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import traceback
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import copy_bandwidth_gbs, env_info, kernel_ms, median_ms, write_json  # noqa: E402
-
-from liger_registry import kernels as K  # noqa: E402
-from liger_registry.kernels.glu import torch_math as glu_math  # noqa: E402
+from benchmarks import harness
+from liger_registry import kernels as K
+from liger_registry.kernels.glu.torch_math import geglu_torch, swiglu_torch
 
 BF = torch.bfloat16
 
@@ -63,7 +58,7 @@ def _glu_case(kind):
     a, b = _rand(n, h), _rand(n, h)
     dc = torch.randn(n, h, device="cuda").to(BF)
     ours = K.swiglu if kind == "swiglu" else K.geglu
-    eager = glu_math.swiglu_torch if kind == "swiglu" else glu_math.geglu_torch
+    eager = swiglu_torch if kind == "swiglu" else geglu_torch
 
     def peer():
         if kind == "swiglu":
@@ -177,7 +172,15 @@ INFO_KEYS = ("name", "bytes", "bytes_note", "grads")
 PROFILED = ("ours", "ours inplace", "peer")
 
 
-def _walls(make, errors) -> dict | None:
+def copy_bandwidth_gbs(args, nbytes: int = 2 * 2**30) -> float:
+    """Device-to-device copy bandwidth, counting bytes read + written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    timing = harness.measure({"copy": lambda: dst.copy_(src)}, warmup=args.warmup, repeats=args.repeats)
+    return 2 * nbytes / (timing["copy"].median * 1e-3) / 1e9
+
+
+def _walls(make, errors, args) -> dict | None:
     try:
         case = make()
     except Exception as e:  # noqa: BLE001
@@ -185,13 +188,16 @@ def _walls(make, errors) -> dict | None:
         traceback.print_exc()
         return None
     row = {"op": case["name"], "bytes": case["bytes"], "bytes_note": case["bytes_note"]}
-    for key in [k for k in case if k not in INFO_KEYS]:
-        try:
-            case[key]()  # warm-up / compile
-            row[f"{key}_ms"] = median_ms(case[key], grad_to_none=case["grads"])
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"{case['name']} {key}: {e!r}")
-            traceback.print_exc()
+    methods = {k: v for k, v in case.items() if k not in INFO_KEYS}
+    failed: dict[str, BaseException] = {}
+    timings = harness.measure(
+        methods, warmup=args.warmup, repeats=args.repeats, grad_to_none=case["grads"], errors=failed
+    )
+    for key, timing in timings.items():
+        row[f"{key}_ms"] = timing.median
+        row[f"{key}_spread"] = timing.spread
+    for key, exc in failed.items():
+        errors.append(f"{case['name']} {key}: {exc!r}")
     return row
 
 
@@ -199,7 +205,9 @@ def _kernel_times(make, row, errors) -> None:
     case = make()
     for key in [k for k in PROFILED if k in case and f"{k}_ms" in row]:
         try:
-            row[f"{key}_kernel_ms"] = kernel_ms(case[key], case["grads"], label=f"{case['name']} {key}")
+            row[f"{key}_kernel_ms"] = harness.kernel_ms(
+                case[key], case["grads"], label=f"{case['name']} {key}"
+            )
         except Exception as e:  # noqa: BLE001
             errors.append(f"{case['name']} {key} kernel time: {e!r}")
             traceback.print_exc()
@@ -220,12 +228,24 @@ def _ratios(row, copy_gbs) -> None:
         row["ours_kernel_frac_copy"] = row["ours_kernel_gbs"] / copy_gbs
 
 
-def main():
-    info = env_info()
-    copy_gbs = copy_bandwidth_gbs()
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--warmup", type=int, default=10, help="calls of each method before the timed ones")
+    p.add_argument("--repeats", type=int, default=50, help="timed calls of each method, interleaved")
+    harness.add_out_arg(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if not torch.cuda.is_available():
+        print("ops: CUDA is not available")
+        return 1
+    results = harness.Results("ops", args.out)
+    copy_gbs = copy_bandwidth_gbs(args)
     rows, errors = [], []
-    for make in CASES:  # every wall first, before any profiler session
-        row = _walls(make, errors)
+    for make in CASES:  # every wall first, before any profiler run
+        row = _walls(make, errors, args)
         if row is not None:
             rows.append((make, row))
         torch.cuda.empty_cache()
@@ -234,44 +254,69 @@ def main():
         _ratios(row, copy_gbs)
         torch.cuda.empty_cache()
     rows = [row for _, row in rows]
-    path = write_json("bench_ops.json", {"env": info, "copy_gbs": copy_gbs, "rows": rows, "errors": errors})
-    print_table(info, copy_gbs, rows, path)
+    for row in rows:
+        record(results, row)
+    path = results.write({"copy_gbs": copy_gbs, "args": vars(args), "rows": rows, "errors": errors})
+    print_table(results.env, copy_gbs, rows, path)
     for e in errors:
         print("ERROR", e)
+    return 0
+
+
+METRICS = ("_kernel_ms", "_kernel_gbs", "_ms", "_gbs", "_spread")
+
+
+def record(results, row) -> None:
+    """The row's measurements as CSV rows: ``<method>_<metric>`` keys."""
+    for key, value in row.items():
+        suffix = next((m for m in METRICS if key.endswith(m)), None)
+        if suffix:
+            results.add(row["op"], key.removesuffix(suffix), suffix[1:], value)
+
+
+COLUMNS = [
+    ("op", ""),
+    ("ours ms", ".3f"),
+    ("spread", ".1%"),
+    ("peer ms", ".3f"),
+    ("eager ms", ".3f"),
+    ("ours/peer", ".3f"),
+    ("ours/eager", ".3f"),
+    ("GB/s", ".0f"),
+    ("/copy", ".2f"),
+    ("bar", ""),
+]
 
 
 def print_table(info, copy_gbs, rows, path) -> None:
-    print(
-        f"\nOps fwd+bwd bf16  {info.get('device')}  torch {info['torch']} triton {info['triton']}  "
+    title = (
+        f"Ops fwd+bwd bf16  {info.get('device')}  torch {info['torch']} triton {info['triton']}  "
         f"copy {copy_gbs:.0f} GB/s (read+write)  json: {path}"
     )
-    print(
-        f"{'op':<44}{'ours ms':>9}{'peer ms':>9}{'eager ms':>10}{'ours/peer':>10}{'ours/eager':>11}"
-        f"{'GB/s':>7}{'/copy':>7}  bar"
-    )
+    lines = []
     for r in rows:
-
-        def f(k, fmt, r=r):
-            return format(r[k], fmt) if k in r else "-".rjust(len(format(0.0, fmt)))
-
-        bar = "" if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
-        print(
-            f"{r['op']:<44}{f('ours_ms', '9.3f')}{f('peer_ms', '9.3f')}{f('eager_ms', '10.3f')}"
-            f"{f('ours_vs_peer', '10.3f')}{f('ours_vs_eager', '11.3f')}{f('ours_gbs', '7.0f')}"
-            f"{f('ours_frac_copy', '7.2f')}  {bar}"
+        bar = None if "bar_met" not in r else ("met" if r["bar_met"] else "MISSED")
+        lines.append(
+            [r["op"]]
+            + [r.get(k) for k in ("ours_ms", "ours_spread", "peer_ms", "eager_ms", "ours_vs_peer")]
+            + [r.get(k) for k in ("ours_vs_eager", "ours_gbs", "ours_frac_copy")]
+            + [bar]
         )
-        print(f"{'  bytes: ' + format(r['bytes'] / 1e6, '.0f') + ' MB = ' + r['bytes_note']}")
         if "ours_kernel_ms" in r:
-            print(
-                f"{'  GPU kernel time per step: ours / peer':<44}{r['ours_kernel_ms']:9.3f}"
-                f"{r.get('peer_kernel_ms', float('nan')):9.3f}{'':<31}"
-                f"{r['ours_kernel_gbs']:7.0f}{r['ours_kernel_frac_copy']:7.2f}  (kernel GB/s, /copy)"
+            lines.append(
+                ["  GPU kernel ms: ours / peer", r["ours_kernel_ms"], None, r.get("peer_kernel_ms")]
+                + [None, None, None, r["ours_kernel_gbs"], r["ours_kernel_frac_copy"], "(kernel)"]
             )
         for key in ("ours in-place bwd", "ours inplace"):
             if f"{key}_ms" in r:
-                kernel = f"{r[key + '_kernel_ms']:9.3f}" if f"{key}_kernel_ms" in r else ""
-                print(f"{'  (' + key + '): wall / GPU kernel ms':<44}{r[key + '_ms']:9.3f}{kernel}")
+                lines.append([f"  ({key})", r[f"{key}_ms"], r[f"{key}_spread"]] + [None] * 7)
+    harness.print_table(COLUMNS, lines, title)
+    for r in rows:
+        print(f"  {r['op']}: bytes {r['bytes'] / 1e6:.0f} MB = {r['bytes_note']}")
+        for key in ("ours in-place bwd", "ours inplace"):
+            if f"{key}_kernel_ms" in r:
+                print(f"  {r['op']} ({key}): GPU kernel {r[key + '_kernel_ms']:.3f} ms")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

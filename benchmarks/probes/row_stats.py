@@ -1,30 +1,26 @@
-"""Which statistics pass (per-lane state or block reductions) and column block the row kernels should use:
-each configuration of ``triton_row_stats.ROW_STATS`` timed alone (do_bench median) on the shapes that matter.
+"""Question: Which statistics pass (per-lane state or block reductions) and column block should the row kernels use?
+Answer recorded in docs/design/ce-row-stats.md.
+
+Which statistics pass (per-lane state or block reductions) and column block the row kernels should use:
+each configuration of ``triton_row_stats.ROW_STATS`` timed alone (median of the harness) on the shapes that matter.
 
 Cases: the CE op's rows kernel on 4096 x 128256 (loss + in-place gradient), the FLCE token chunk of GPT-OSS
 throughput (1280 x 201088), the vocabulary strategy's statistics kernel on Llama's pass-1 chunk at 8192 tokens
-(8192 x 42752) and GPT-OSS's at 2048 tokens (2048 x 117504). JSON under $OUT.
+(8192 x 42752) and GPT-OSS's at 2048 tokens (2048 x 117504). JSON under $OUT (else benchmarks/results/).
 
-Usage: python benchmarks/probe_row_stats.py
+Usage: python -m benchmarks.probes.row_stats
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common import median_ms, write_json  # noqa: E402
-
-from liger_registry.kernels.ce import triton_row_stats  # noqa: E402
-from liger_registry.kernels.ce.triton_rows import ce_rows_triton, row_scales  # noqa: E402
-from liger_registry.kernels.flce import triton_vocab as tv  # noqa: E402
-from liger_registry.kernels.flce.options import FlceOptions  # noqa: E402
-from liger_registry.kernels.flce.vocab_rows import new_state  # noqa: E402
+from benchmarks.harness import median_ms, write_probe
+from liger_registry.kernels.ce import triton_row_stats
+from liger_registry.kernels.ce.triton_rows import ce_rows_triton, row_scales
+from liger_registry.kernels.flce import triton_vocab as tv
+from liger_registry.kernels.flce.options import FlceOptions
+from liger_registry.kernels.flce.vocab_rows import new_state
 
 CONFIGS = [
     ("lanes", 2048),
@@ -82,7 +78,7 @@ def main() -> None:
     for name, row in res.items():
         cells = " ".join(f"{r['ms']:7.3f} {r['tbs']:5.2f}".rjust(15) for r in row.values())
         print(f"{name:<{width}} {cells}")
-    write_json("probe_row_stats.json", {"configs": CONFIGS, "results": res, "default": default})
+    write_probe("row_stats", {"configs": CONFIGS, "results": res, "default": default})
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""Probe (issue 23, no GPU needed): the MoE rows kernel compiled ahead of time for a GPU target (sm_90 by
+"""Question: Which MoE rows kernel configurations spill or leave their loads unpipelined on the GPU target?
+Answer recorded in docs/design/moe-experts.md.
+
+No GPU needed: the MoE rows kernel compiled ahead of time for a GPU target (sm_90 by
 default) in every mode x autotune config, with what ptxas reports: registers per thread, spill stores, shared
 memory, and whether the K loop's loads are pipelined (async copies) and run on wgmma. A config that spills in the
 epilogue or leaves its loads unpipelined is one the autotuner should not need; this shows it on a CPU box.
@@ -6,7 +9,7 @@ epilogue or leaves its loads unpipelined is one the autotuner should not need; t
 Integer arguments are compiled as the JIT specialises them on a GPU (strides and sizes divisible by 16, pointers
 16-byte aligned). Needs the installed triton's ptxas (shipped with its CUDA backend).
 
-Usage (without TRITON_INTERPRET): python benchmarks/probe_ptxas.py [--arch 90] [--shape qwen3|gpt_oss] [--modes 0,1,2,3]
+Usage (without TRITON_INTERPRET): python -m benchmarks.probes.ptxas [--arch 90] [--shape qwen3|gpt_oss] [--modes 0,1,2,3]
     [--bm 128]
 """
 
