@@ -105,6 +105,68 @@ def test_bf16_distillation_matches_the_divergence(divergence_name):
     _check(out.loss, rows[t != IGNORE].mean(), [sh, sw])
 
 
+RL = {
+    "dapo, entropy mask and bonus": dict(loss_type="dapo", top_entropy_quantile=0.3, entropy_coef=0.01),
+    "gspo, sampler correction": dict(loss_type="grpo", importance_sampling_level="sequence", sampler=True),
+    "vespo, sampler correction": dict(
+        loss_type="vespo", vllm_importance_sampling_mode="token_truncate", sampler=True
+    ),
+    "cispo, entropy mask": dict(loss_type="cispo", epsilon_high=5.0, top_entropy_quantile=0.5, beta=0.04),
+}
+
+
+@pytest.mark.parametrize("options", RL.values(), ids=RL.keys())
+def test_bf16_rl_losses_match_trls(options):
+    """The RL losses in bf16 (the entropy path included) against TRL's own loss on fp64 log-probs."""
+    pytest.importorskip("trl")
+    from trl_grpo_ref import trl_loss
+
+    options = dict(options)
+    h, w, b, t = _batch()
+    adv = torch.tensor(ADV, device="cuda")
+    with torch.no_grad():
+        lp, mask = token_logps(h, w, b, t)
+        old = ((lp + 0.1 * torch.randn_like(lp)) * mask).float()
+    sampling = ((old + 0.1 * torch.randn_like(old)) * mask) if options.pop("sampler", False) else None
+    out = grpo_loss(h, w, t, adv, b, old_logps=old, ref_logps=old, sampling_logps=sampling, **options)
+    want, _ = trl_loss(
+        h,
+        w,
+        b,
+        t,
+        adv,
+        old=old,
+        ref=old,
+        sampling=sampling,
+        is_ratio=_ratio(old, sampling, mask, options),
+        **options,
+    )
+    _check(out.loss, want, [h, w, b])
+
+
+def _ratio(old, sampling, mask, options):
+    from liger_registry.alignment import vllm_importance_sampling_ratio
+
+    if sampling is None:
+        return None
+    mode = options.get("vllm_importance_sampling_mode", "sequence_mask")
+    return vllm_importance_sampling_ratio(old, sampling, mask, mode, None, 3.0)
+
+
+def test_the_entropy_path_takes_a_fraction_of_the_logits_memory():
+    h, w, b, t = _batch()
+    logits_bytes = ROWS * SEQ * VOCAB * 4
+    adv = torch.tensor(ADV, device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grpo_loss(h, w, t, adv, b, top_entropy_quantile=0.2, entropy_coef=0.01).loss.backward()
+    torch.cuda.synchronize()
+    grads_bytes = sum(x.grad.numel() * x.grad.element_size() for x in (h, w, b))
+    fused_peak = torch.cuda.max_memory_allocated() - base - grads_bytes
+    assert fused_peak < logits_bytes / 4, (fused_peak, logits_bytes)
+
+
 def test_the_losses_take_a_fraction_of_the_logits_memory():
     h, w, b, t = _batch()
     logits_bytes = ROWS * SEQ * VOCAB * 4

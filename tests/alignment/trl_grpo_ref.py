@@ -85,9 +85,9 @@ def trl_loss(h, w, b, t, adv, *, old=None, ref=None, sampling=None, is_ratio=Non
     trainer = TrlGrpoLoss(lp, ent, use_vllm=sampling is not None or is_ratio is not None, **config)
     rows, cols = t.shape
     inputs = {
-        "prompt_ids": torch.zeros(rows, 0, dtype=torch.long),
-        "prompt_mask": torch.zeros(rows, 0, dtype=torch.long),
-        "completion_ids": torch.zeros(rows, cols, dtype=torch.long),
+        "prompt_ids": torch.zeros(rows, 0, dtype=torch.long, device=t.device),
+        "prompt_mask": torch.zeros(rows, 0, dtype=torch.long, device=t.device),
+        "completion_ids": torch.zeros(rows, cols, dtype=torch.long, device=t.device),
         "completion_mask": mask.long(),
         "advantages": adv.double(),
         "num_items_in_batch": mask.sum().double(),
@@ -98,7 +98,7 @@ def trl_loss(h, w, b, t, adv, *, old=None, ref=None, sampling=None, is_ratio=Non
         "sampling_per_token_logps": sampling,
         "importance_sampling_ratio": is_ratio,
     }
-    inputs.update({k: v.double() for k, v in optional.items() if v is not None})
+    inputs.update({k: v.to(t.device, torch.float64) for k, v in optional.items() if v is not None})
     return trainer._compute_loss(None, inputs), trainer.metrics()
 
 
