@@ -87,13 +87,9 @@ def grpo_loss(
     log_ratio = torch.where(mask, lp - old, 0.0)
     coef = torch.exp(log_importance_weights(log_ratio, mask, o.importance_sampling_level))
     phi = gamma_weights(adv, log_ratio, mask, is_ratio, o) if o.loss_type == "vespo" else None
-    per_token = policy_term(lp, coef, adv, o, phi)
-    if o.off_policy_mask_threshold is not None:
-        sampled = old if sampling_logps is None else _per_token("sampling_logps", sampling_logps, lp, None)
-        per_token = per_token * off_policy_mask(adv, lp, sampled, mask, float(o.off_policy_mask_threshold))
-    keep = None if o.top_entropy_quantile >= 1.0 else high_entropy_mask(entropy, mask, o.top_entropy_quantile)
-    if keep is not None:
-        per_token = per_token * keep
+    per_token, keep = _masked(
+        policy_term(lp, coef, adv, o, phi), o, adv, lp, mask, old, sampling_logps, entropy
+    )
     if is_ratio is not None and o.loss_type != "vespo":  # VESPO folds the correction into its weights
         per_token = per_token * is_ratio
     if o.beta:
@@ -103,7 +99,7 @@ def grpo_loss(
     loss = reduce(per_token, mask, o, num_items_in_batch)
     if entropy is not None:
         metrics["entropy"] = masked_mean(entropy, mask)
-    if o.entropy_coef != 0.0:
+    if o.entropy_coef != 0.0:  # the mean entropy of the tokens the policy term counts
         metrics["policy_loss"] = loss
         counted = mask if keep is None else keep
         loss = loss - o.entropy_coef * (entropy * counted).sum() / counted.sum().clamp(min=1)
@@ -111,6 +107,18 @@ def grpo_loss(
     if phi is not None:
         metrics["vespo/phi_seq_mean"] = masked_mean(phi, mask)
     return AlignmentOutput(loss, detached(**metrics))
+
+
+def _masked(per_token, o: GrpoOptions, adv, lp, mask, old, sampling_logps, entropy):
+    """The policy term without the sequences the off-policy mask drops and the tokens the entropy mask drops;
+    and the entropy mask (None without one)."""
+    if o.off_policy_mask_threshold is not None:
+        sampled = old if sampling_logps is None else _per_token("sampling_logps", sampling_logps, lp, None)
+        per_token = per_token * off_policy_mask(adv, lp, sampled, mask, float(o.off_policy_mask_threshold))
+    if o.top_entropy_quantile >= 1.0:
+        return per_token, None
+    keep = high_entropy_mask(entropy, mask, o.top_entropy_quantile)
+    return per_token * keep, keep
 
 
 def _split(options: dict) -> tuple[GrpoOptions, HeadOptions]:
