@@ -6,7 +6,8 @@ gradient ``dH/dz_v = -p_v (log p_v + H)`` too. As in :func:`token_log_probs`, th
 and the backward recomputes each chunk's logits, so one chunk of logits (in fp32, with its softmax) exists at a
 time. Tokens whose target is ``ignore_index`` never reach the head. The chunks run as PyTorch GEMMs on any
 device; the chunk is the token chunk FLCE plans for the same budget (``chunk_mem_const`` / ``max_chunk_mib``),
-sized for fp32 logits; the weight gradient accumulates in ``accum_dtype`` (fp32 unless set).
+sized for fp32 logits; the weight gradient accumulates in ``accum_dtype`` (the weight's dtype unless set, as
+in FLCE).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def token_log_probs_and_entropy(
     )  # fmt: skip
     lp, ent = _LogProbEntropy.apply(
         rows, weight, bias, target.reshape(-1)[flat], fl.logit_scale, fl.softcap, max(plan.chunk_tokens, 1),
-        fl.accum_dtype or torch.float32,
+        fl.accum_dtype or weight.dtype,
     )  # fmt: skip
     zeros = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
     return TokenLogProbs(zeros.masked_scatter(mask, lp), mask), zeros.masked_scatter(mask, ent)
