@@ -452,7 +452,7 @@ def test_glu_mlp_bf16_as_unpatched(mlp_cls, config_cls, act, name):
     _bits_check(f"{mlp_cls.__name__} output", ours, ref, max_ulps=8, max_differing=0.05)
 
 
-# ---------------------------------------------------------------- issue 24's kernel options
+# ---------------------------------------------------------------- kernel options of the reference library's types
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mode", ["llama", "gemma", "none"])
 def test_rms_norm_without_weight(dtype, mode):
