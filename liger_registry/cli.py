@@ -38,6 +38,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _setting(text: str) -> tuple[str, object]:
+    from liger_registry.scaffold.cli import parse_setting
+
+    try:
+        return parse_setting(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _device(text: str) -> str:
     try:
         parse_device(text)
@@ -144,6 +153,16 @@ def _parser() -> argparse.ArgumentParser:
     scaffold.add_argument("model_type", nargs="?", help="a causal-LM model type transformers registers")
     scaffold.add_argument("--family", help="family name of the entry (default: the model type)")
     scaffold.add_argument("--write", metavar="DIR", help="write <family>.yaml into DIR")
+    scaffold.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        type=_setting,
+        metavar="FIELD=VALUE",
+        help="a config value of the tiny model over the scaffold's (a field the default config leaves unset); "
+        "repeatable; VALUE as an int, float, true/false, null or a JSON list/object where it reads as one, "
+        "else a string; FIELD may be a dotted path into a nested config",
+    )
     scaffold.add_argument("--all", action="store_true", help="every causal-LM model type")
     scaffold.add_argument("--report", action="store_true", help="with --all: a line per type")
     scaffold.add_argument(

@@ -181,27 +181,26 @@ def _is_layer_norm(module: nn.Module, x: torch.Tensor, want: torch.Tensor, eps: 
 
 
 def decide_layer_norm(captured: Captured) -> Verdict:
-    """A LayerNorm class with weight, bias and epsilon that computes F.layer_norm with the weight, or with
-    weight + 1 (LayerNorm1P: offset 1)."""
+    """A LayerNorm class with a 1-D weight and an epsilon attribute that computes F.layer_norm with the weight,
+    or with weight + 1 (LayerNorm1P: offset 1), and with its bias where it has one: the kernel adds a bias only
+    where the module holds one (Cohere's LayerNorm has none), so a missing bias is no reason to leave it off."""
     name, first = captured.cls.__name__, captured.instances[0]
     verdict = Verdict("layer_norm", captured.target or name)
-    weight, bias = _norm_weight(first), getattr(first, "bias", None)
-    eps_attr = _eps_attr(first)
-    if weight is None or not isinstance(bias, nn.Parameter) or eps_attr is None:
-        missing = [n for n, v in (("weight", weight), ("bias", bias), ("epsilon", eps_attr)) if v is None]
-        verdict.reason = (
-            f"{name} has no {', '.join(missing) or 'bias parameter'} (the kernel needs weight, bias, eps)"
-        )
+    weight, eps_attr = _norm_weight(first), _eps_attr(first)
+    if weight is None or eps_attr is None:
+        missing = [n for n, v in (("1-D weight", weight), ("epsilon", eps_attr)) if v is None]
+        verdict.reason = f"{name} has no {', '.join(missing)} (the kernel needs weight and eps)"
         return verdict
     offsets = set()
     for index, instance in enumerate(captured.instances[:3]):
         module = _with_random_weight(instance, index)
+        bias = module.bias if isinstance(getattr(module, "bias", None), nn.Parameter) else None
         x = _input(captured, index, module.weight.shape[0])
         with torch.no_grad():
             want = module(x)
         eps = getattr(module, eps_attr)
         errs = {
-            o: rel_err(F.layer_norm(x, (x.shape[-1],), module.weight + o, module.bias, eps), want)
+            o: rel_err(F.layer_norm(x, (x.shape[-1],), module.weight + o, bias, eps), want)
             for o in (0.0, 1.0)
         }
         offset = min(errs, key=errs.get)
@@ -671,7 +670,8 @@ def decide_glu(captured: Captured, config: Any) -> Verdict:
     verdict.spec = {k: v for k, v in spec.items() if k == "gate_up" or v != f"{k}_proj"}
     if option is not None:
         verdict.spec[option[0]] = option[1]
-    if act_attr not in (None, "hidden_act"):
+    if act_attr != "hidden_act":
+        # None: the config names no activation (Lfm2MoeMLP hard-codes silu); the numbers above said which
         verdict.spec["act_config_attr"] = act_attr
     return verdict
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import inspect as pyinspect
+import itertools
+import linecache
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +51,7 @@ EXTRA_SMALL = {
     "moe_num_shared_experts": 1,
     "moe_k": 2,
     "num_kv_shared_layers": 0,
+    "num_dense_layers": 1,  # LFM2-MoE: the sparse layers come after these, and SMALL has two layers
     "vocab_size_per_layer_input": 128,
     "hidden_size_per_layer_input": 8,
     # Mamba-2 mixers: heads * head_dim = d_ssm = expand (2) * hidden_size (SMALL's 32).
@@ -72,18 +77,82 @@ SUB_SMALL = {
     "out_hidden_size": 32,
     "ffn_hidden_size": 64,  # DBRX's ffn_config
 }
-# Distinct, none the reciprocal of another, so each knob's role (divide, multiply, softcap) is identifiable.
+# Every float knob of the tiny config gets a value no other knob has, none the reciprocal of another: a proof on
+# equal values cannot tell which attribute a formula reads (the attention softcap for the final one).
 KNOB_VALUES = (1.5, 0.7, 1.3, 2.0, 0.6, 1.75, 0.9, 1.2, 0.8, 2.5)
-# A softcap this small still bends tiny-model logits measurably, without saturating tanh (which would leave
+# Softcaps this small still bend tiny-model logits measurably, without saturating tanh (which would leave
 # gradients of only rounding noise for AdamW to amplify in the parity suite).
-SOFTCAP_VALUE = 5.0
+SOFTCAP_VALUES = (5.0, 6.5, 8.0, 9.5)
+# Epsilons large enough beside a tiny model's activations (embeddings of std 0.02) that a norm using another
+# one differs beyond fp32 tolerance.
+EPS_VALUES = (1e-4, 2e-4, 3e-4, 4e-4)
+ROPE_THETAS = (1000.0, 1500.0, 2500.0)
 _KNOB = re.compile(r"multiplier|scaling|logit_scale|softcap")
+_EPS = re.compile(r"(^|_)eps(ilon)?($|_)")
 MAX_PARAMETERS = 20_000_000
 SCAFFOLD_PATH = Path("<scaffold>")
 
 
 class Refused(Exception):
     """The scaffold cannot draft an entry; the message says why."""
+
+
+class MissingConfig(Refused):
+    """The default config leaves unset (None) fields that the model's code needs: `--set FIELD=VALUE` gives them."""
+
+    def __init__(self, stage: str, fields: dict[str, str]) -> None:
+        self.fields = fields  # field -> the code that reads it
+        needs = "; ".join(f"{name} (read by {where})" for name, where in fields.items())
+        given = " ".join(f"--set {name}=VALUE" for name in fields)
+        super().__init__(
+            f"{stage}: the default config leaves {', '.join(fields)} unset (None), and the model's code needs "
+            f"{'it' if len(fields) == 1 else 'them'}: {needs}. Give the value a checkpoint uses: {given}"
+        )
+
+
+_CONFIG_READ = re.compile(r"\bconfig\.(\w+)")
+_SELF_READ = re.compile(r"\bself\.(\w+)")
+
+
+def _frames(exc: BaseException) -> list[tuple[Any, int]]:
+    """(frame, line number) of each step of the traceback of `exc`, innermost first."""
+    found, tb = [], exc.__traceback__
+    while tb is not None:
+        found.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return found[::-1]
+
+
+def _config_names(frame: Any, line: str) -> list[str]:
+    """Config fields a line reads: `config.x` itself, or `self.x` where the function set `self.x = config.y`
+    before it (Qwen4ExpTextQSAIndexer's `self.token_budget // self.compress_ratio`)."""
+    names = _CONFIG_READ.findall(line)
+    try:
+        source = pyinspect.getsource(frame.f_code)
+    except (OSError, TypeError):
+        return names
+    aliases = dict(re.findall(r"self\.(\w+)\s*=\s*(?:self\.)?config\.(\w+)\s*$", source, re.M))
+    return names + [aliases[n] for n in _SELF_READ.findall(line) if n in aliases]
+
+
+def missing_fields(exc: BaseException, configs: list[Any]) -> dict[str, str]:
+    """Config fields that are None in every one of `configs` and are read on a line of the traceback of `exc`
+    (innermost first), each with that line: the fields whose absence raised it."""
+    found: dict[str, str] = {}
+    for frame, lineno in _frames(exc):
+        line = linecache.getline(frame.f_code.co_filename, lineno).strip()
+        for name in _config_names(frame, line):
+            known = [c for c in configs if name in c.to_dict()]
+            if known and all(getattr(c, name, None) is None for c in known) and name not in found:
+                found[name] = f"{Path(frame.f_code.co_filename).name}:{lineno} `{line[:100]}`"
+    return found
+
+
+def refusal(stage: str, exc: Exception, configs: list[Any], sep: str = ": ") -> Refused:
+    """Why `stage` failed: the unset config fields it needs where the traceback shows them, else the error."""
+    if fields := missing_fields(exc, configs):
+        return MissingConfig(stage, fields)
+    return Refused(f"{stage}{sep}{type(exc).__name__}: {first_line(exc)}")
 
 
 @dataclass
@@ -203,20 +272,57 @@ def _structural(config: PretrainedConfig) -> dict[str, Any]:
     return values
 
 
-def _scale_knobs(text: PretrainedConfig) -> dict[str, Any]:
-    """Multipliers, scales and softcaps of the config set to distinct values other than 1, so that a formula
-    that uses them is told apart from one that does not (a default of 1.0 or None hides them)."""
+class Distinct:
+    """Hands out values no knob of the tiny config has yet (nor its reciprocal): from a pool, then beyond it."""
+
+    def __init__(self) -> None:
+        self.used: list[float] = []
+
+    def take(self, pool: tuple[float, ...]) -> float:
+        # beyond the pool: 5 % steps up from its first value, near the values the pool was chosen around
+        beyond = (float(f"{pool[0] * (1 + 0.05 * (k + 1)):.6g}") for k in itertools.count())
+        for value in itertools.chain(pool, beyond):
+            if all(not math.isclose(value, u) and not math.isclose(value * u, 1.0) for u in self.used):
+                self.used.append(value)
+                return value
+        raise AssertionError("unreachable: the values beyond the pool are unbounded")
+
+
+def _knob_pool(name: str) -> tuple[float, ...] | None:
+    if "softcap" in name:
+        return SOFTCAP_VALUES
+    if _EPS.search(name):
+        return EPS_VALUES
+    return KNOB_VALUES if _KNOB.search(name) else None
+
+
+def _rope_thetas(rope: dict[str, Any], distinct: Distinct) -> dict[str, Any]:
+    """rope_parameters with each rope_theta (one, or one per layer type) given a distinct value."""
+    out = dict(rope)
+    if isinstance(out.get("rope_theta"), (int, float)):
+        out["rope_theta"] = distinct.take(ROPE_THETAS)
+    for key, sub in rope.items():
+        if isinstance(sub, dict) and isinstance(sub.get("rope_theta"), (int, float)):
+            out[key] = {**sub, "rope_theta": distinct.take(ROPE_THETAS)}
+    return out
+
+
+def _scale_knobs(text: PretrainedConfig, rope: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Multipliers, scales, softcaps, epsilons and rope thetas of the config set to values distinct from each
+    other and other than 1, so that a formula that uses one is told apart from one that uses another, or none
+    (a default of 1.0 or None hides them). `rope`: the rope_parameters the tiny config already sets."""
     knobs: dict[str, Any] = {}
-    values = iter(KNOB_VALUES)
+    distinct = Distinct()
     for name, value in sorted(text.to_dict().items()):
-        if not _KNOB.search(name) or isinstance(value, bool):
+        if (pool := _knob_pool(name)) is None or isinstance(value, bool):
             continue
-        if "softcap" in name and (value is None or isinstance(value, float)):
-            knobs[name] = SOFTCAP_VALUE
-        elif isinstance(value, float):
-            knobs[name] = next(values, 1.5)
+        if isinstance(value, float) or (pool is SOFTCAP_VALUES and value is None):
+            knobs[name] = distinct.take(pool)
         elif isinstance(value, list) and value and all(isinstance(v, float) for v in value):
-            knobs[name] = [next(values, 1.5) for _ in value]
+            knobs[name] = [distinct.take(pool) for _ in value]
+    rope = rope if rope is not None else text.to_dict().get("rope_parameters")
+    if isinstance(rope, dict) and (thetas := _rope_thetas(rope, distinct)) != rope:
+        knobs["rope_parameters"] = thetas
     return knobs
 
 
@@ -244,9 +350,9 @@ def tiny_overrides(config: PretrainedConfig, module_source: str = "") -> tuple[d
             small["clip_qkv"] = 8.0
         if small:
             text_values[name] = {**text_values.get(name, {}), **small}
-    knobs = _scale_knobs(text)
+    knobs = _scale_knobs(text, text_values.get("rope_parameters"))
     text_values.update(knobs)
-    candidates = [k for k, v in knobs.items() if isinstance(v, float)]
+    candidates = [k for k, v in knobs.items() if isinstance(v, float) and _KNOB.search(k)]
     if text_attr is None:
         return text_values, candidates
     overrides: dict[str, Any] = {text_attr: text_values} if text_values else {}
@@ -265,6 +371,17 @@ def _base_entry(source: ModelSource, family: str, tiny: dict[str, Any], forward:
         forward=forward,
         tiny_config=tiny,
     )
+
+
+def _configs(entry: FamilyEntry) -> list[PretrainedConfig]:
+    """The entry's tiny config and its language config (where a missing field may be looked up)."""
+    from liger_registry.testing import tiny_config
+
+    try:
+        config = tiny_config(entry.model_types[0], single_family_registry(entry))
+    except Exception:  # noqa: BLE001 - the defaults then: the fields a tiny config leaves unset are theirs
+        config = AutoConfig.for_model(entry.model_types[0])
+    return [config, config.get_text_config()]
 
 
 def build_tiny(entry: FamilyEntry) -> nn.Module:
@@ -288,7 +405,8 @@ def build_tiny(entry: FamilyEntry) -> nn.Module:
     except ImportError as exc:
         raise Refused(f"cannot build a tiny model: {missing_backends(exc)}") from exc
     except Exception as exc:  # any config or constructor error is why this type is refused
-        raise Refused(f"cannot build a tiny model: {type(exc).__name__}: {first_line(exc)}") from exc
+        configs = _configs(entry)
+        raise refusal("cannot build a tiny model", exc, configs) from exc
 
 
 _MISSING_BACKEND = re.compile(r"^(\w+) requires the (\S+) library but it was not found", re.M)
@@ -507,8 +625,36 @@ def add_rms_norm_section(model: nn.Module, source: ModelSource, rms: dict[str, A
     return {"targets": sorted(targets), **{k: rms[k] for k in NORM_OPTIONS if k in rms}}
 
 
-def draft(model_type: str, family: str | None = None) -> Draft:
-    """Inspect the installed transformers code of `model_type` and draft its entry; Refused with the reason."""
+def with_settings(config: PretrainedConfig, tiny: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """The tiny config with the user's values over the scaffold's: a plain name goes to the language config
+    (where the text model's values are), a dotted one (vision_config.depth) to that nested config."""
+    from liger_registry.scaffold.perturb import merged
+
+    text_attr, text = _text_attr(config), config.get_text_config()
+    for name, value in settings.items():
+        head, _, rest = name.partition(".")
+        if rest:
+            where, target = config, {head: _nested(rest, value)}
+        elif text_attr is not None and name in text.to_dict():
+            where, target = text, {text_attr: {name: value}}
+        else:
+            where, target = config, {name: value}
+        if head not in where.to_dict():
+            close = difflib.get_close_matches(head, list(where.to_dict()), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise Refused(f"--set {name}: the {config.model_type} config has no field {head!r}{hint}")
+        tiny = merged(tiny, target)
+    return tiny
+
+
+def _nested(path: str, value: Any) -> dict[str, Any]:
+    head, _, rest = path.partition(".")
+    return {head: _nested(rest, value) if rest else value}
+
+
+def draft(model_type: str, family: str | None = None, settings: dict[str, Any] | None = None) -> Draft:
+    """Inspect the installed transformers code of `model_type` and draft its entry; Refused with the reason.
+    `settings`: config values over the scaffold's (fields the default config leaves unset, see MissingConfig)."""
     from liger_registry.scaffold.head import HeadRefused, decide_head
     from liger_registry.testing import tiny_batch
 
@@ -527,6 +673,7 @@ def draft(model_type: str, family: str | None = None) -> Draft:
         text_attr = _text_attr(config)
     except Exception as exc:  # e.g. a heterogeneous config that has no global value to read
         raise Refused(f"cannot make the config tiny: {type(exc).__name__}: {first_line(exc)}") from exc
+    tiny = with_settings(config, tiny, settings or {})
     model = build_tiny(_base_entry(source, _family_name(family or model_type), tiny, "causal_lm"))
     batch = tiny_batch(model)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -548,7 +695,8 @@ def draft(model_type: str, family: str | None = None) -> Draft:
     except Refused:
         raise
     except Exception as exc:  # the tiny model's own forward failing is a reason to refuse, not a crash
-        raise Refused(f"the tiny model's forward raised {type(exc).__name__}: {first_line(exc)}") from exc
+        configs = [model.config, model.config.get_text_config()]
+        raise refusal("the tiny model's forward raised", exc, configs, sep=" ") from exc
     kernels = _kernels(verdicts, rope, notes)
     if (fused := add_rms_norm_section(model, source, kernels.get("rms_norm"))) is not None:
         kernels["add_rms_norm"] = fused

@@ -1,4 +1,5 @@
-"""Proves a drafted entry: the `lint --deep` checks on a temporary registry, then a short fp32 parity run."""
+"""Proves a drafted entry: the `lint --deep` checks on a temporary registry, a short fp32 parity run, then the
+perturbation check (each config value the entry reads changed: the patched model must move as the original)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from liger_registry.registry.errors import RegistryError
 from liger_registry.registry.loader import LoadedFamily, Registry, code_problems, load_registry
 from liger_registry.registry.yaml_source import load_model
 from liger_registry.scaffold.draft import entry_yaml, single_family_registry
+from liger_registry.scaffold.perturb import PerturbationCheck, perturbation_check
 from liger_registry.schemas import FamilyEntry
 
 STEPS = 3
@@ -30,6 +32,7 @@ class Parity:
     grads: float = 0.0
     logits: float = 0.0
     problems: list[str] = field(default_factory=list)
+    first: tuple[float, float] | None = None  # the first step's (unpatched, patched) losses
 
     def failures(self) -> list[str]:
         over = [
@@ -43,15 +46,26 @@ class Parity:
 
 @dataclass
 class Proof:
+    """The lint findings, the parity run, and (where those pass) the perturbation check."""
+
     findings: list[str]
     parity: Parity | None
+    perturbation: PerturbationCheck | None = None
+
+    @property
+    def parity_ok(self) -> bool:
+        return not self.findings and self.parity is not None and not self.parity.failures()
 
     @property
     def ok(self) -> bool:
-        return not self.findings and self.parity is not None and not self.parity.failures()
+        return self.parity_ok and self.perturbation is not None and self.perturbation.ok
+
+    def perturbation_summary(self) -> str:
+        return self.perturbation.summary() if self.perturbation else "not run"
 
     def problems(self) -> list[str]:
-        return self.findings + (self.parity.failures() if self.parity else [])
+        problems = self.findings + (self.parity.failures() if self.parity else [])
+        return problems + (self.perturbation.problems() if self.perturbation else [])
 
 
 def temp_registry(entry: FamilyEntry, directory: Path) -> Registry:
@@ -112,6 +126,7 @@ def parity(registry: Registry, model_type: str, steps: int = STEPS) -> Parity:
         got = _train(candidate, batches, moe, fused=entry.flce.enabled)
     result = Parity(problems=got["problems"])
     result.loss = _rel(got["losses"], want["losses"])
+    result.first = (float(want["losses"][0]), float(got["losses"][0]))
     missing = [n for step in want["grads"] for n in step if n not in got["grads"][0]]
     if missing:
         result.problems.append(f"no gradient reached {missing[0]} in the patched model")
@@ -125,9 +140,11 @@ def parity(registry: Registry, model_type: str, steps: int = STEPS) -> Parity:
 
 
 def prove(entry: FamilyEntry) -> Proof:
-    """The `lint --deep` findings of the entry alone in a temporary registry, then (if clean) its parity."""
+    """The `lint --deep` findings of the entry alone in a temporary registry, then (if clean) its parity, then
+    (if that passes) the perturbation check."""
     from liger_registry.scaffold.draft import first_line
 
+    base = load_registry()
     with tempfile.TemporaryDirectory(prefix="liger-scaffold-") as directory:
         try:
             registry = temp_registry(entry, Path(directory))
@@ -140,6 +157,13 @@ def prove(entry: FamilyEntry) -> Proof:
         if findings:
             return Proof(findings, None)
         try:
-            return Proof([], parity(registry, entry.model_types[0]))
+            proof = Proof([], parity(registry, entry.model_types[0]))
         except Exception as exc:  # noqa: BLE001 - a crash of the patched model is what the proof found
             return Proof([f"the parity run raised {type(exc).__name__}: {first_line(exc)}"], None)
+        if proof.parity_ok:
+            try:
+                loaded = registry.family_for(entry.model_types[0]).entry
+                proof.perturbation = perturbation_check(loaded, base, proof.parity.first)
+            except Exception as exc:  # noqa: BLE001 - the check failing to run proves nothing: reported
+                proof.perturbation = PerturbationCheck(unpinned={"(the check)": f"raised {first_line(exc)}"})
+        return proof

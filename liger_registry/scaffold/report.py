@@ -77,26 +77,28 @@ def reason_group(reason: str) -> str:
 
 
 def format_line(result: ScaffoldResult) -> str:
+    head = f"{result.model_type:<28} {result.status:<10} {result.seconds:6.1f}s"
     if result.ok:
-        extra = (
-            f" (corrected: {'; '.join(c.split(':')[0] for c in result.corrections)})"
-            if result.corrections
-            else ""
-        )
-        return f"{result.model_type:<28} proven  {result.seconds:6.1f}s{extra}"
-    return f"{result.model_type:<28} refused {result.seconds:6.1f}s  {result.reasons[0][:150]}"
+        corrected = "; ".join(c.split(":")[0] for c in result.corrections)
+        return head + (f" (corrected: {corrected})" if corrected else "")
+    return f"{head}  {result.reasons[0][:150]}"
 
 
 def format_report(results: list[ScaffoldResult], seconds: float) -> str:
     proven = [r for r in results if r.ok]
-    refused = [r for r in results if not r.ok]
+    unproven = [r for r in results if r.unproven]
+    refused = [r for r in results if r.entry is None]
     corrected = [r for r in proven if r.corrections]
     groups = Counter(reason_group(r.reasons[0]) for r in refused)
     lines = [
         f"scaffold report: {len(results)} causal-LM model types, {len(proven)} drafted and proven "
-        f"({len(corrected)} with a kernel turned off by the proof), {len(refused)} refused; {seconds:.0f} s",
-        "refused, by reason:",
+        f"({len(corrected)} with a kernel turned off by the proof), {len(unproven)} drafted but not proven, "
+        f"{len(refused)} refused; {seconds:.0f} s",
     ]
+    if unproven:
+        lines.append("not proven (an attribute the perturbation check could not pin down):")
+        lines += [f"  {r.model_type}: {r.reasons[0][:200]}" for r in unproven]
+    lines.append("refused, by reason:")
     lines += [f"  {count:4d}  {group}" for group, count in groups.most_common()]
     slowest = max(results, key=lambda r: r.seconds, default=None)
     if slowest is not None:

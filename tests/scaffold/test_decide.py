@@ -326,6 +326,25 @@ def test_layer_norm_offset_one_is_layer_norm_1p():
     assert not decide.decide_layer_norm(captured(LayerNormTimesTwo(16))).ok
 
 
+class BiasFreeCohereLikeNorm(LlamaLikeNorm):
+    """Cohere's LayerNorm: mean subtracted, scaled by the weight, no bias parameter at all."""
+
+    def forward(self, x):
+        xf = x.float()
+        centred = xf - xf.mean(-1, keepdim=True)
+        normed = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * normed).to(x.dtype)
+
+
+def test_a_layer_norm_without_bias_is_served_and_a_wrong_formula_still_refused():
+    """The kernel adds a bias only where the module holds one: a bias-free LayerNorm (Cohere's) is drafted on,
+    with the module's epsilon attribute; one computing another formula is still left off."""
+    verdict = decide.decide_layer_norm(captured(BiasFreeCohereLikeNorm()))
+    assert verdict.ok, verdict.reason
+    assert verdict.spec == {"eps_attr": "variance_epsilon"}
+    assert not decide.decide_layer_norm(captured(LlamaLikeNorm())).ok  # RMSNorm: no mean subtracted
+
+
 def test_relu_squared_only_for_an_activation_computing_it():
     from transformers.activations import ACT2FN
 
