@@ -30,9 +30,9 @@ from liger_registry.limits import check_ignore_index, check_logit_factor
 from ..backend import OPS, Op, register
 from ..define import define_op, eager_twin
 from ..loss_grads import check_backward, no_output, scale_unless_one_
-from . import torch_rows
+from . import reference
 from .labels import check_labels, start_label_check
-from .triton_rows import ce_rows_for
+from .triton_kernels import ce_rows_for
 
 
 class CrossEntropyOutput(NamedTuple):
@@ -87,7 +87,7 @@ def ce_output(
 
 def reduce_ce(ce: torch.Tensor, zl: torch.Tensor, reduction, ce_scale, z_scale):
     """Combine per-row ce and z-loss as ``fused_linear_cross_entropy`` does, with the scales of
-    :func:`torch_rows.loss_scales`; returns fp32 (loss, z_loss)."""
+    :func:`reference.loss_scales`; returns fp32 (loss, z_loss)."""
     if reduction == "none":
         return ce + zl, zl
     if reduction == "sum":
@@ -112,7 +112,7 @@ def cross_entropy_torch(
     ``argmax_mode`` is set, else empty."""
     if not torch.compiler.is_compiling():  # traced: no graph break; gather checks the bounds (labels.py)
         check_labels(target, ignore_index, logits.shape[1])
-    ce, zl = torch_rows.ce_rows_differentiable(
+    ce, zl = reference.ce_rows_differentiable(
         logits,
         target,
         ignore_index=ignore_index,
@@ -121,11 +121,11 @@ def cross_entropy_torch(
         lse_square_scale=lse_square_scale,
         class_weights=class_weights,
     )
-    scales = torch_rows.loss_scales(reduction, target, ignore_index, class_weights)
+    scales = reference.loss_scales(reduction, target, ignore_index, class_weights)
     loss, z = reduce_ce(ce, zl, reduction, *scales)
     if not argmax_mode:
         return loss, z, target.new_empty(0)
-    z_rows = torch_rows.transform_logits(logits.detach(), softcap, 1.0)
+    z_rows = reference.transform_logits(logits.detach(), softcap, 1.0)
     return loss, z, predicted_tokens(z_rows.argmax(-1), target, ignore_index)
 
 
@@ -154,7 +154,7 @@ def _ce_forward(
         grad = buf.new_empty(0)
     else:
         grad = buf if in_place else torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
-    ce_s, z_s = torch_rows.loss_scales(reduction, target, ignore_index, class_weights)
+    ce_s, z_s = reference.loss_scales(reduction, target, ignore_index, class_weights)
     ce, zl, argmax = ce_rows_for(backend)(
         buf,
         target,
@@ -379,7 +379,7 @@ def cross_entropy(
     (ValueError otherwise); another autograd node that saved them fails at backward with PyTorch's in-place
     error; eager only (ValueError under torch.compile); one backward, no double backward. See the module
     docstring of ``kernels.ce.op``."""
-    torch_rows.check_ce_options(label_smoothing, softcap, reduction)
+    reference.check_ce_options(label_smoothing, softcap, reduction)
     check_ignore_index(ignore_index)
     if softcap is not None:
         check_logit_factor("softcap", float(softcap))

@@ -17,12 +17,11 @@ from torch import Tensor
 from ..backend import Op, register
 from ..ce.labels import start_label_check
 from ..ce.op import CrossEntropyOutput, argmax_mode_for, ce_output, predicted_tokens
-from ..ce.torch_rows import loss_scales
+from ..ce.reference import loss_scales
 from ..define import define_op
 from ..loss_grads import check_backward, no_output, scale_unless_one_, times_fp32
-from .options import FlceOptions, options_from
-from .planner import FlcePlan, plan_for
-from .run import FlceRun, takes_flat_run
+from .options import FlceOptions, FlceRun, options_from, takes_flat_run
+from .plan import FlcePlan, plan_for
 from .tokens import token_loop
 from .vocab import vocab_loop
 

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ce.torch_rows import corrected_lse, transform_logits
+from ..ce.reference import corrected_lse, transform_logits
 from ..triton_utils import tanh
 
 ROWS_PER_STEP = 1024  # the PyTorch path upcasts this many [H] row pairs at a time (bounded fp32 temporaries)

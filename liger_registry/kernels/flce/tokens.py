@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ce.triton_rows import ce_rows_for, row_scales
-from .run import FlceRun
+from ..ce.triton_kernels import ce_rows_for, row_scales
+from .options import FlceRun
 from .target import chunk_target_probs, needs_exact_target, target_logits, with_row_factor
 
 

@@ -18,12 +18,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import cost, planner
-from .run import FlceRun
+from . import plan
+from .options import FlceRun
+from .plan import vocab_geometry
+from .reference import grad_inplace_torch, new_state, row_losses, stats_update_torch
 from .target import needs_exact_target, target_logits, target_probs_from_lse
-from .triton_vocab import grad_inplace_triton, stats_update_triton
-from .vocab_geometry import vocab_geometry
-from .vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
+from .triton_kernels import grad_inplace_triton, stats_update_triton
 
 ROW_KERNELS = {
     "torch": (stats_update_torch, grad_inplace_torch),
@@ -92,14 +92,14 @@ def _logits(hidden, c: _Chunk) -> torch.Tensor:
 
 
 def _keep(hidden: torch.Tensor, v: int, chunk: int, multiple: int) -> bool:
-    """The planner's layout choice (:func:`cost.keeps_every_chunk`) on this call's device."""
-    peaks = cost.peaks_of(hidden.device)
-    return cost.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
+    """The planner's layout choice (:func:`plan.keeps_every_chunk`) on this call's device."""
+    peaks = plan.peaks_of(hidden.device)
+    return plan.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
 
 
 def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
     """Same contract as :func:`tokens.token_loop`, chunked over vocabulary columns as
-    :func:`vocab_geometry.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
+    :func:`plan.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
     opts = run.options
     n, h = hidden.shape
     v = weight.shape[0]
@@ -111,7 +111,7 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     kw = {"opts": opts, "class_weights": cw}
     # dW rows are written once, in pass 2: until then their memory holds logits (see vocab_geometry)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=hidden.device) if need[1] else None
-    multiple = min(planner.COL_MULTIPLE, planner.VOCAB_ALIGN)
+    multiple = min(plan.COL_MULTIPLE, plan.VOCAB_ALIGN)
     geometry = vocab_geometry(
         n, h, v, run.chunk, dw is not None, multiple, _keep(hidden, v, run.chunk, multiple)
     )

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .ops import GEGLU_OP, GLU_FUSED, RELU_SQUARED, SWIGLU_CLAMPED, SWIGLU_OP
+from .op import GEGLU, GLU_FUSED, RELU_SQUARED, SWIGLU, SWIGLU_CLAMPED
 
 GLU_KINDS = ("swiglu", "geglu")
 
@@ -68,7 +68,7 @@ def swiglu(
     buffers of their size at the backward). Off by default: only safe when nothing reads ``gate`` or ``up`` after
     the backward (an MLP's projections, made for this call alone)."""
     args = _glu_args("swiglu", gate, up, gate_multiplier, down_multiplier)
-    return _run(SWIGLU_OP, args, in_place_backward)
+    return _run(SWIGLU, args, in_place_backward)
 
 
 def geglu(
@@ -82,7 +82,7 @@ def geglu(
     """``gelu(gate * gate_multiplier, approximate="tanh") * up * down_multiplier``, rounded as :func:`swiglu`;
     ``in_place_backward`` as there."""
     args = _glu_args("geglu", gate, up, gate_multiplier, down_multiplier)
-    return _run(GEGLU_OP, args, in_place_backward)
+    return _run(GEGLU, args, in_place_backward)
 
 
 def glu_fused(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:

@@ -96,7 +96,7 @@ def _multipliers(gate_multiplier: float, down_multiplier: float) -> dict:
     )
 
 
-def glu_fwd(
+def launch_glu_fwd(
     a: torch.Tensor, b: torch.Tensor, kind: int, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
 ) -> torch.Tensor:
     a, b = a.contiguous(), b.contiguous()
@@ -109,7 +109,7 @@ def glu_fwd(
     return c
 
 
-def glu_bwd(
+def launch_glu_bwd(
     dc: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -224,7 +224,9 @@ def _geometry(gate_up: torch.Tensor, kind: str):
     return gu, n_rows, n_cols, up_off, step, block
 
 
-def gate_up_fwd(gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0) -> torch.Tensor:
+def launch_gate_up_fwd(
+    gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0
+) -> torch.Tensor:
     """act(gate) * up of a [..., 2I] gate_up tensor, result [..., I]; ``clamped_swiglu`` reads interleaved
     (gate, up) pairs, the others a [gate | up] split."""
     gu, n_rows, n_cols, up_off, step, block = _geometry(gate_up, kind)
@@ -238,7 +240,9 @@ def gate_up_fwd(gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: flo
     return out.view(*gate_up.shape[:-1], n_cols)
 
 
-def gate_up_bwd(dout: torch.Tensor, gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0):
+def launch_gate_up_bwd(
+    dout: torch.Tensor, gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0
+):
     """The gradient of :func:`gate_up_fwd` with respect to gate_up, one [..., 2I] tensor."""
     gu, n_rows, n_cols, up_off, step, block = _geometry(gate_up, kind)
     do = contiguous_rows(dout)
@@ -265,7 +269,7 @@ def _relu_sq_kernel(X, DY, OUT, n, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(OUT + offs, y.to(OUT.dtype.element_ty), mask=mask)
 
 
-def relu_squared_apply(x: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor:
+def launch_relu_squared(x: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor:
     """``relu(x) ** 2`` or, given ``dy``, its gradient ``2 * relu(x) * dy``."""
     x = x.contiguous()
     dy = x if dy is None else dy.contiguous()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import MOE_EXPERTS
+from .op import MOE_EXPERTS
 from .routing import route
 
 ACTS = ("swiglu", "geglu", "clamped_swiglu", "limited_swiglu")

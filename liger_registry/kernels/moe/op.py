@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op
-from . import torch_math as tm
+from . import reference as ref
 from . import triton_kernels as tk
 from .routing import Route
 
@@ -48,7 +48,7 @@ def _fwd_impl(
     act: str, limit: float, alpha: float, out_first: bool, backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     if backend == "torch":
-        return tm.experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit,
+        return ref.experts_fwd_torch(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit,
                               alpha, out_first)  # fmt: skip
     route = Route(src, dest, offsets, blocks, block_m)
     return _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, w_up, route, top_k, act, limit, alpha, out_first)
@@ -193,7 +193,7 @@ def _bwd_impl(
     block_m: int, top_k: int, act: str, limit: float, alpha: float, out_first: bool, backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     if backend == "torch":
-        return tm.experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k,
+        return ref.experts_bwd_torch(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k,
                               act, limit, alpha, out_first)  # fmt: skip
     route = Route(src, dest, offsets, blocks, block_m)
     return _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, route, top_k, act, limit, alpha,

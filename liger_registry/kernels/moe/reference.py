@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..glu.torch_math import glu_fused_torch, swiglu_clamped_torch, swiglu_limited_torch
+from ..glu.reference import glu_fused_torch, swiglu_clamped_torch, swiglu_limited_torch
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, out_first: bool) -> torch.Tensor:
@@ -66,7 +66,7 @@ def gate_grad(dh: torch.Tensor, gate_up: torch.Tensor, act: str, limit: float, a
     return torch.cat([d * b * dact, d * act_a], -1).to(gate_up.dtype)
 
 
-def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit, alpha,
+def experts_fwd_torch(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit, alpha,
                 out_first):  # fmt: skip
     """``(out [T, H], gate_up [S, 2I], h [S, I])``; ``weights``: the routing weight of each sorted row."""
     n_rows = src.shape[0]
@@ -88,7 +88,7 @@ def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_
     return out, gate_up, h
 
 
-def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k, act, limit,
+def experts_bwd_torch(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k, act, limit,
                 alpha, out_first):  # fmt: skip
     """``(dx, d weights (sorted rows, fp32), d w_gu, d w_d, d b_gu, d b_d, d w_up)``; the gradient of an absent
     bias or up weight is an empty tensor."""

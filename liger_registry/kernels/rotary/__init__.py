@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .ops import ROPE, ROPE_VARIANT
-from .torch_math import check_rope_shapes, check_variant_shapes, rope_torch, rope_variant_torch
+from .op import ROPE, ROPE_VARIANT
+from .reference import check_rope_shapes, check_variant_shapes, rope_torch, rope_variant_torch
 
 
 def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -33,7 +33,7 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor
     C = head_dim (even): identical to HF ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``. Any other
     head_dim or width, as liger-kernel's rope accepts them: an odd head_dim, a table wider than head_dim (C >=
     head_dim // 2): pairs (j, j + head_dim // 2) rotated by ``cos[..., j]``, an odd head_dim's last dim passed
-    through (see ``torch_math.plain_layout``). Returns ``(q_out, k_out)``."""
+    through (see ``reference.plain_layout``). Returns ``(q_out, k_out)``."""
     check_rope_shapes(q, k, cos, sin)
     return ROPE(q, k, cos, sin)
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op
-from . import torch_math, triton_kernels
+from . import reference, triton_kernels
 
 
 def rotate(
@@ -34,19 +34,19 @@ def rotate(
     cos/sin: [batch or 1, seq, C] or [seq, C], at least as wide as the rotation reads."""
     if cos.shape != sin.shape:
         raise ValueError("rope: cos and sin shapes differ")
-    cos, sin = torch_math.rope_table(cos, sin, rotary_dim, cos_per_pair)
+    cos, sin = reference.rope_table(cos, sin, rotary_dim, cos_per_pair)
     opts = (rotary_dim, interleaved, cos_per_pair, q_dtype, k_dtype, backward)
     if backend == "torch":
-        return torch_math.rotate(q, k, cos, sin, *opts)
-    return triton_kernels.rotate(q, k, cos, sin, *opts)
+        return reference.rotate_torch(q, k, cos, sin, *opts)
+    return triton_kernels.launch_rotate(q, k, cos, sin, *opts)
 
 
 def _rope_impl(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool, backend: str
 ) -> tuple[Tensor, Tensor]:
     # backward: q, k are the gradients, which keep their own dtypes
-    q_dtype, k_dtype = torch_math.out_dtypes(q, k, cos, keep=backward)
-    rot, per_pair = torch_math.plain_layout(q.shape[-1], cos.shape[-1])
+    q_dtype, k_dtype = reference.out_dtypes(q, k, cos, keep=backward)
+    rot, per_pair = reference.plain_layout(q.shape[-1], cos.shape[-1])
     return rotate(q, k, cos, sin, rot, False, per_pair, q_dtype, k_dtype, backward, backend)
 
 
@@ -125,12 +125,12 @@ def rope_variant_triton(
     upcast=False,
     rotary_dim=None,
 ) -> tuple[Tensor, Tensor]:
-    rot = torch_math.rotary_dim_of(cos, cos_per_pair) if rotary_dim is None else rotary_dim
-    q_dtype, k_dtype = torch_math.out_dtypes(q, k, cos, keep=upcast)
+    rot = reference.rotary_dim_of(cos, cos_per_pair) if rotary_dim is None else rotary_dim
+    q_dtype, k_dtype = reference.out_dtypes(q, k, cos, keep=upcast)
     return ROPE_VARIANT_OP(q, k, cos, sin, rot, interleaved, cos_per_pair, q_dtype, k_dtype, False)
 
 
-ROPE = register(Op("rope", torch_impl=torch_math.rope_torch, triton_impl=rope_triton))
+ROPE = register(Op("rope", torch_impl=reference.rope_torch, triton_impl=rope_triton))
 ROPE_VARIANT = register(
-    Op("rope_variant", torch_impl=torch_math.rope_variant_torch, triton_impl=rope_variant_triton)
+    Op("rope_variant", torch_impl=reference.rope_variant_torch, triton_impl=rope_variant_triton)
 )

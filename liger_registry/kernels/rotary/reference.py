@@ -156,7 +156,7 @@ def _rotate_one(x, cos, sin, rot, interleaved, cos_per_pair, dtype, backward) ->
     return _in_rope_layout(y.to(dtype), x)
 
 
-def rotate(
+def rotate_torch(
     q: Tensor,
     k: Tensor,
     cos: Tensor,

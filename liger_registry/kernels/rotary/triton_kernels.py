@@ -154,7 +154,7 @@ def _bstride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] != 1 else 0
 
 
-def rotate(
+def launch_rotate(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,
