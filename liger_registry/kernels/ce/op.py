@@ -1,20 +1,16 @@
-"""Cross entropy over rows of logits [N, V]: the public ``cross_entropy``, its output (:class:`CrossEntropyOutput`,
-also fused linear cross entropy's), its PyTorch path, and the custom op of its fused path (gradient computed in
-the forward pass, in a new buffer or, opt-in, over the logits).
+"""Cross entropy over rows of logits [N, V]: the public ``cross_entropy``, its output and its custom ops.
 
-Layouts: every output of the op is a fresh tensor, written contiguous whatever the logits' layout (rows with a
-larger stride, a transposed view): the gradient is read back row by row, and the fake says exactly that
-(``tests/kernels/test_opcheck.py`` checks it on both backends).
-
-The in-place backward (``inplace_backward=True``) writes the gradient over the logits: it saves one [N, V] buffer
-and its write bandwidth (the reference library always does it), and is opt-in because the caller's logits hold
-the gradient afterwards. The rule (:func:`check_inplace_logits`): the logits must be contiguous and must not be a
-partial view of a larger tensor (a slice, shifted logits: the rest of that tensor would keep logits beside the
-gradient). A view of the whole of a contiguous tensor (``logits.view(-1, V)`` as transformers' loss makes) is the
-same memory and is accepted. The shared version counter is bumped, so any other autograd node that saved these
-logits (or the tensor they view) fails at its backward with PyTorch's "modified by an inplace operation" error
-instead of computing a wrong gradient. Reading the logits after the call (an accuracy metric, returning them)
-reads the gradient: that is the caller's part.
+* :func:`cross_entropy` returns :class:`CrossEntropyOutput` (also fused linear cross entropy's); its PyTorch path
+  runs under autograd, its fused path computes the gradient in the forward, in a new buffer or, opt-in, over the
+  logits (``inplace_backward=True``).
+* ``ce_rows_for`` / ``row_scales`` (from ``triton_kernels``) give the row kernel of a decided backend.
+* Every output of the op is a fresh tensor, written contiguous whatever the logits' layout; the fake says
+  exactly that (``tests/kernels/test_opcheck.py`` checks it on both backends).
+* In-place rule (:func:`check_inplace_logits`): the logits must be contiguous and not a partial view of a larger
+  tensor (a slice, shifted logits: the rest of that tensor would keep logits beside the gradient); a view of the
+  whole of a contiguous tensor (``logits.view(-1, V)``) is accepted. The shared version counter is bumped, so an
+  autograd node that saved these logits fails at its backward with PyTorch's "modified by an inplace operation"
+  error instead of computing a wrong gradient. Reading the logits after the call reads the gradient.
 """
 
 from __future__ import annotations

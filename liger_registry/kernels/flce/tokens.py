@@ -1,5 +1,8 @@
-"""FLCE token strategy: chunks of rows; per chunk one logits GEMM, the row kernel (loss and in-place gradient),
-the dX GEMM into the output and the dW addmm into one accumulator."""
+"""The FLCE token strategy: the chunk loop over rows.
+
+* :func:`token_loop`: per chunk of ``run.chunk`` rows one logits GEMM, the row kernel (loss and in-place
+  gradient), the dX GEMM into the output and the dW addmm into one accumulator.
+"""
 
 from __future__ import annotations
 

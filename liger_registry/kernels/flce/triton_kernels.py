@@ -1,6 +1,7 @@
-"""Triton kernels of the FLCE vocabulary strategy: row statistics of a vocabulary chunk, and its in-place gradient.
+"""Triton kernels of the FLCE vocabulary strategy and their launchers.
 
-Same contracts as ``reference.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
+* ``stats_update_triton``: row statistics of a vocabulary chunk; ``grad_inplace_triton``: its in-place gradient.
+* Same contracts as ``reference.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""FLCE vocabulary strategy: chunks of vocabulary columns, all rows at once, one reused logits buffer [N, Vc].
+"""The FLCE vocabulary strategy: the chunk loop over vocabulary columns, all rows at once.
 
-Chunks and where their logits live: :mod:`vocab_geometry` (the widest in dW's not yet written memory).
-Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the chunk's logits), the
-row-statistics kernel folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
-(16-bit logits: with the exact fp32 target logit of ``target``) and gradient factors. Pass 2 (only when a
-gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last chunk's, still
-there), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
-``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
-``db[c] = g.sum(0)``. With ``N <= H`` every chunk's logits are kept from pass 1 (no logits GEMM in pass 2).
-No host sync inside the loops.
+* :func:`vocab_loop`: chunks laid out by ``plan.vocab_geometry`` (the widest in dW's not yet written memory;
+  docs/design/flce-layouts.md), one reused logits buffer [N, Vc]. No host sync inside the loops.
+* Pass 1: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the chunk's logits), the row-statistics kernel
+  folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
+  (16-bit logits: with the exact fp32 target logit) and gradient factors.
+* Pass 2 (only when a gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last
+  chunk's, still there), overwrite it with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
+  ``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
+  ``db[c] = g.sum(0)``. With ``N <= H`` every chunk's logits are kept from pass 1 (no logits GEMM in pass 2).
 """
 
 from __future__ import annotations

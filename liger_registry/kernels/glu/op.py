@@ -1,9 +1,11 @@
-"""The GLU ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): SwiGLU / GeGLU on
-split gate and up, the gated activations over a fused gate_up (SwiGLU, GeGLU, GPT-OSS's clamped SwiGLU) and
-relu²; and their registered :class:`~..backend.Op` (the backend rule of each call).
+"""The GLU ops, each defined once with ``define_op``, and their registered backend Ops.
 
-Outputs are written contiguous (rows), whatever the inputs' layout; the split GLU's torch branch makes its
-result contiguous to agree, so its derived fake is exactly the Triton output's layout.
+* Custom ops ``glu_fwd`` / ``glu_bwd`` (split gate and up), ``gate_up_fwd`` / ``gate_up_bwd`` (over a fused
+  gate_up: SwiGLU, GeGLU, GPT-OSS's clamped SwiGLU), ``relu_squared`` (both passes).
+* Backend Ops ``SWIGLU``, ``GEGLU``, ``GLU_FUSED``, ``SWIGLU_CLAMPED``, ``RELU_SQUARED``: ``reference`` on torch,
+  the custom ops on Triton.
+* Outputs are written contiguous (rows) whatever the inputs' layout; the split GLU's torch branch makes its
+  result contiguous to agree, so its derived fake is exactly the Triton output's layout.
 """
 
 from __future__ import annotations

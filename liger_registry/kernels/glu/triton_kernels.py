@@ -1,17 +1,16 @@
-"""Triton gated activations and relu², forward and backward, elementwise in fp32:
+"""Triton gated activations and relu², forward and backward, elementwise in fp32, and their launchers.
 
-* SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate gate and up tensors, optionally with
-  Falcon-H1's multipliers: ``act(a * gate_multiplier) * b * down_multiplier``;
-* the same read straight from a fused gate_up projection (no split copy): over [gate | up] halves, and GPT-OSS's
-  clamped SwiGLU over interleaved (gate, up) pairs; their backward writes one gradient shaped like gate_up;
-* relu² elementwise.
-
-Rounded as the modules they replace round (``act_fn(gate) * up`` in transformers' MLPs): the activation is
-computed in fp32 and rounded to the gate's dtype, then multiplied by ``up`` and rounded to the output dtype; each
-op of GPT-OSS's gate; relu² once; a multiplier (``gate * m``, ``out * m`` in FalconH1MLP) rounds to the tensor's
-dtype as that eager multiply does. The multipliers are compile-time switches (``GATE_SCALED`` / ``DOWN_SCALED``),
-so the default 1.0 compiles the kernel without them. The backward is the gradient of that: d up = dc * the
-rounded activation, d gate = dc * up * act'(gate) (times the multipliers)."""
+* ``launch_glu_fwd`` / ``launch_glu_bwd``: SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate
+  gate and up tensors, optionally with Falcon-H1's multipliers: ``act(a * gate_multiplier) * b *
+  down_multiplier`` (compile-time switches ``GATE_SCALED`` / ``DOWN_SCALED``: the default 1.0 compiles without).
+* ``launch_gate_up_fwd`` / ``launch_gate_up_bwd``: the same read straight from a fused gate_up projection (no
+  split copy), over [gate | up] halves or GPT-OSS's interleaved (gate, up) pairs; the backward writes one
+  gradient shaped like gate_up. ``_act_and_grad`` is shared with the MoE kernels.
+* ``launch_relu_squared``: relu² or its gradient, elementwise.
+* Rounded as the modules they replace round: the activation in fp32 rounded to the gate's dtype, then times
+  ``up`` rounded to the output dtype; each op of GPT-OSS's gate; relu² once; a multiplier rounds to the tensor's
+  dtype as that eager multiply does. The backward is the gradient of that.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
 """Fused linear generalised Jensen-Shannon divergence (distillation), chunked over tokens.
 
-As Liger defines it, with student log-probs ``X = log_softmax(s / T)`` and teacher log-probs
-``Y = log_softmax(t / T)`` (``Q = exp X``, ``P = exp Y``): ``beta = 0`` is forward KL ``KL(P || Q)``,
-``beta = 1`` reverse KL ``KL(Q || P)``, otherwise with ``M = beta P + (1 - beta) Q`` the loss is
-``beta KL(P || M) + (1 - beta) KL(Q || M)``. Summed over the vocabulary, averaged over the non-ignored
-tokens (all tokens when ``target`` is None). Gradients flow to the student only.
+* :func:`fused_linear_jsd` and :class:`FusedLinearJSDFunction`; ``fljsd_compute``: the chunk loop over tokens;
+  the custom op ``fljsd_forward`` and the backend Op ``FUSED_LINEAR_JSD``.
+* With student log-probs ``X = log_softmax(s / T)`` and teacher log-probs ``Y = log_softmax(t / T)``
+  (``Q = exp X``, ``P = exp Y``): ``beta = 0`` is forward KL ``KL(P || Q)``, ``beta = 1`` reverse KL
+  ``KL(Q || P)``, otherwise with ``M = beta P + (1 - beta) Q`` the loss is ``beta KL(P || M) + (1 - beta)
+  KL(Q || M)``. Summed over the vocabulary, averaged over the non-ignored tokens (all tokens when ``target`` is
+  None). Gradients flow to the student only.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""The MoE experts op, defined once with ``define_op`` (custom op, fake, autograd, eager twin): forward and
-backward each one op over the sorted rows of a :class:`~.routing.Route`, Triton grouped GEMMs or the PyTorch
-per-expert loop; and its registered :class:`~..backend.Op`.
+"""The MoE experts op, defined once with ``define_op``, and its registered backend Op.
 
-Forward outputs: the experts' result [T, H] and, for the backward, the gate/up projection [S, 2I] and the gated
-activation [S, I] of each sorted row (the activation is recomputed from gate/up where the backward needs its
-value, never stored twice). The routing weights enter sorted by row (a differentiable gather outside the op).
-``w_up``: the up weights when ``w_gu`` holds only the gate's (DBRX's ``v1`` beside ``w1``), read in place; its
-gradient is the backward's last output (empty when there is none, as the bias gradients are).
+* Custom ops ``moe_experts`` / ``moe_experts_bwd`` (``experts_fwd`` / ``experts_bwd`` here) over the sorted rows
+  of a :class:`~.routing.Route`: the Triton grouped GEMMs or the PyTorch per-expert loop (``reference``).
+* Forward outputs: the experts' result [T, H] and, for the backward, the gate/up projection [S, 2I] and the
+  gated activation [S, I] of each sorted row (the activation is recomputed from gate/up where the backward needs
+  its value, never stored twice). The routing weights enter sorted by row (a differentiable gather outside the
+  op).
+* ``w_up``: the up weights when ``w_gu`` holds only the gate's (DBRX's ``v1`` beside ``w1``), read in place; its
+  gradient is the backward's last output (empty when there is none, as the bias gradients are).
+* ``MOE_EXPERTS``: the registered backend Op. Tuning and measurements: docs/design/moe-experts.md.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def wgrad_by_grouped_mm(x: Tensor, h: Tensor) -> bool:
     """Whether the weight gradients run as ``torch._grouped_mm`` (CUDA's grouped GEMM) rather than
     ``_wgrad_kernel``: on CUDA where this torch has it for the dtype, with rows of 16-byte multiples (its
     alignment rule). A GEMM with no epilogue to fuse: the vendor kernel is faster at large experts
-    (benchmarks/NOTES.md, issue 23)."""
+    (docs/design/moe-experts.md)."""
     align = 16 // x.element_size()
     if not x.is_cuda or x.shape[1] % align or h.shape[1] % align:
         return False

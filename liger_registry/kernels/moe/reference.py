@@ -1,11 +1,12 @@
-"""PyTorch MoE experts, forward and explicit backward, over the sorted rows of a :class:`~.routing.Route`: the
-production CPU path, the reference of the Triton kernels, and the torch branch of the op (autograd does not
-record inside a custom op's implementation, so the backward is written out).
+"""MoE experts in PyTorch, forward and explicit backward, over the sorted rows of a :class:`~.routing.Route`.
 
-Computes what transformers' grouped experts compute, op for op: per expert ``gate_up = x @ W_gu^T (+ b)``, the
-family's gate (``act(gate) * up`` over a ``[gate | up]`` split, or GPT-OSS's clamped SwiGLU over interleaved
-pairs), ``y = h @ W_d^T (+ b)``, ``y * routing weight``, summed over the top-k slots of each token. Separate
-gate and up weights (``w_up``) are joined one expert at a time, never as a whole-weight copy.
+* ``experts_fwd_torch`` / ``experts_bwd_torch``: the CPU path, the reference of the Triton kernels, and the
+  torch branch of the op (autograd does not record inside a custom op's implementation, so the backward is
+  written out).
+* Computes what transformers' grouped experts compute, op for op: per expert ``gate_up = x @ W_gu^T (+ b)``, the
+  family's gate (``gate`` / ``gate_grad``), ``y = h @ W_d^T (+ b)``, ``y * routing weight``, summed over the
+  top-k slots of each token. Separate gate and up weights (``w_up``) are joined one expert at a time, never as a
+  whole-weight copy.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
-"""Norm kernels: RMSNorm, LayerNorm, fused residual add + RMSNorm and LayerNorm1P; each public function
-validates its arguments and runs the backend its registered Op decides (see ``ops``)."""
+"""Norm kernels: the public RMSNorm, LayerNorm, fused residual add + RMSNorm and LayerNorm1P.
+
+* Each function validates its arguments (clear ``ValueError``), then runs the backend its registered Op
+  (``op``) decides for the call.
+* Outputs are contiguous, in the dtype the casting mode gives; gradients flow to x (and residual), weight, bias.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""The norm ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): RMSNorm, LayerNorm
-and the fused residual add + RMSNorm; and their registered :class:`~..backend.Op` (the backend rule of each call).
+"""The norm ops, each defined once with ``define_op``, and their registered backend Ops.
 
-Outputs are written contiguous (rows), whatever the input's layout: the row kernels write fresh outputs, their
-consumers (linear layers) want rows, and the torch branches make their results contiguous to agree, so the fake
-derived from the torch branch is exactly the Triton output's layout.
+* Custom ops ``rms_norm_fwd`` / ``rms_norm_bwd`` (and ``rms_norm_bwd_``, dx over dy), ``layer_norm_fwd`` /
+  ``layer_norm_bwd``, ``add_rms_norm_fwd`` / ``add_rms_norm_bwd``: implementation, fake, autograd, eager twin.
+* Backend Ops ``RMS_NORM``, ``LAYER_NORM``, ``ADD_RMS_NORM``: ``reference`` on torch, the custom ops on Triton.
+* Outputs are written contiguous (rows) whatever the input's layout: the row kernels write fresh outputs, their
+  consumers (linear layers) want rows, and the torch branches make their results contiguous to agree, so the
+  fake derived from the torch branch is exactly the Triton output's layout.
 """
 
 from __future__ import annotations

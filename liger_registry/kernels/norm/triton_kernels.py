@@ -1,10 +1,13 @@
-"""Triton RMSNorm (llama / gemma / none casting, offset, with or without a weight), fused residual add + RMSNorm,
-and LayerNorm: forward and backward row kernels and their launchers; RMSNorm and add + RMSNorm share one backward
-kernel. Without a weight (``HAS_W`` off) the normalised value is the output: no scale, no offset, no dw.
+"""Triton RMSNorm, fused residual add + RMSNorm and LayerNorm: row kernels and their launchers.
 
-Host time per call matters here (see benchmarks/NOTES.md): launch constants are made once per width, and the
-backward's weight (and bias) gradient partials are summed and cast by one kernel instead of a torch ``sum`` +
-``to`` per parameter.
+* ``launch_rms_norm_fwd`` / ``launch_rms_norm_bwd``, ``launch_add_rms_norm_fwd`` / ``launch_add_rms_norm_bwd``,
+  ``launch_layer_norm_fwd`` / ``launch_layer_norm_bwd``: fresh contiguous outputs plus the saved statistics
+  (rstd, mean); RMSNorm and add + RMSNorm share one backward kernel.
+* Casting modes llama / gemma / none, an offset, with or without a weight: without one (``HAS_W`` off) the
+  normalised value is the output (no scale, no offset, no dw).
+* Host time per call is part of the contract (docs/design/norm-host-overhead.md): launch constants are made once
+  per width, and the weight (and bias) gradient partials are summed and cast by one kernel instead of a torch
+  ``sum`` + ``to`` per parameter.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from .. import triton_utils as tu
 
 _MODES = {"llama": 0, "gemma": 1, "none": 2}
 SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program of the partial-sum kernel
-# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32); benchmarks/probe_norm_host.py
-# compares 1 and 2 (benchmarks/NOTES.md, "Norm kernels: host time and backward warps").
+# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32); 1 and 2 compared in
+# docs/design/norm-host-overhead.md.
 BWD_WARP_FACTOR = 1
 
 

@@ -14,10 +14,8 @@ cos/sin [batch or 1, seq, C] or [seq, C] (the vision towers' table, broadcast ov
 * ``upcast=True``: rotate in fp32 and return q's / k's dtypes (llama4's complex multiply, which the torch
   path computes as a complex product when the pairs are interleaved with one cos per pair); otherwise the
   result has ``promote_types(q.dtype, cos.dtype)`` as the HF functions do.
-
-The PyTorch implementation computes what the family functions compute, op for op (bit-equal on CPU); the
-Triton kernel rotates in fp32 and rounds once. Gradients flow to q and k, not to cos/sin (the families build
-cos/sin from a buffer, without gradient).
+* The PyTorch twin (``reference``) computes what the family functions compute, op for op (bit-equal on CPU);
+  the Triton kernel rotates in fp32 and rounds once. Gradients flow to q and k, not to cos/sin.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""The RoPE custom ops ``liger_registry::rope`` (full-width rotate-half) and ``liger_registry::rope_variant``
-(every layout), both defined by ``define_op`` from one implementation, and the Ops that pick their backend.
+"""The RoPE custom ops ``liger_registry::rope`` and ``liger_registry::rope_variant``, and their backend Ops.
 
-Outputs keep the layout of q / k (``rope_out_like``), as HF's function does: attention passes transposed views
-of its projections, and what follows (the attention kernel, the KV cache, a seq-first family's transpose back)
-sees the layout it sees unpatched. The kernel writes fresh outputs in any layout at no cost; the torch branch's
-result is put in that layout when it differs.
+* :func:`rotate`: the one implementation of both ops (forward, and the transposed rotation as the backward),
+  ``reference.rotate_torch`` or ``triton_kernels.launch_rotate`` by its backend argument.
+* ``ROPE_OP`` (full-width rotate-half) / ``ROPE_VARIANT_OP`` (every layout): the ``define_op`` definitions;
+  ``ROPE`` / ``ROPE_VARIANT``: the registered backend Ops.
+* Outputs keep the layout of q / k (``rope_out_like``), as HF's function does: attention passes transposed views
+  of its projections, and what follows (the attention kernel, the KV cache, a seq-first family's transpose
+  back) sees the layout it sees unpatched. The torch branch's result is put in that layout when it differs.
 """
 
 from __future__ import annotations
