@@ -626,7 +626,7 @@ def main(argv=None) -> int:
 
 def strategy_rows(shape: str, bt: int, h: int, v: int, peaks, args) -> list[dict]:
     """Each strategy the planner can run at each budget, timed together, with the cost model's ms."""
-    from liger_registry.kernels.flce.cost import tokens_ms, vocab_ms
+    from liger_registry.kernels.flce.plan import tokens_ms, vocab_ms
 
     w = make_weight(h, v, "cuda", torch.bfloat16)
     x, t = make_hidden(bt, w, "random")
@@ -657,7 +657,7 @@ def strategy_rows(shape: str, bt: int, h: int, v: int, peaks, args) -> list[dict
 
 
 def strategies(args) -> int:
-    from liger_registry.kernels.flce.cost import device_peaks
+    from liger_registry.kernels.flce.plan import device_peaks
 
     peaks = device_peaks()
     results = harness.Results("flce", args.out, tag="strategies")
@@ -681,7 +681,7 @@ def strategies(args) -> int:
 
 def plan_table(args) -> int:
     """The planner's choice and predicted ms per shape, BT and budget, for the device ``args.gpu``."""
-    from liger_registry.kernels.flce.cost import peaks_for, tokens_ms, vocab_ms
+    from liger_registry.kernels.flce.plan import peaks_for, tokens_ms, vocab_ms
 
     peaks = peaks_for(args.gpu)
     rows = []

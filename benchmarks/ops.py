@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from benchmarks import harness
 from liger_registry import kernels as K
-from liger_registry.kernels.glu.torch_math import geglu_torch, swiglu_torch
+from liger_registry.kernels.glu.reference import geglu_torch, swiglu_torch
 
 BF = torch.bfloat16
 

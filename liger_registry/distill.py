@@ -21,7 +21,7 @@ from liger_registry import kernels
 from liger_registry.alignment.model_head import head_of
 from liger_registry.constants import IGNORE_INDEX
 from liger_registry.forwards.head import postprocess_logits
-from liger_registry.kernels.jsd.loop import jsd_rows_differentiable
+from liger_registry.kernels.jsd.reference import jsd_rows_differentiable
 from liger_registry.registry.configure import configure, unwrap_model
 from liger_registry.registry.loader import Registry
 from liger_registry.schemas import FamilyEntry

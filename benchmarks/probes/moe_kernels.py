@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from liger_registry.kernels.moe import moe_experts
-from liger_registry.kernels.moe import ops as moe_ops
+from liger_registry.kernels.moe import op as moe_ops
 
 SHAPES = {  # experts, top-k, hidden, intermediate, act, transposed+bias
     "qwen3_30b_a3b": (128, 8, 2048, 768, "swiglu", False),

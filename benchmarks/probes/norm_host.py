@@ -172,8 +172,8 @@ def warp_sweep(all_cases: dict) -> None:
     x = torch.randn(N, H, device="cuda").to(BF)
     w, b = torch.randn(H, device="cuda").to(BF), torch.randn(H, device="cuda").to(BF)
     dy = torch.randn(N, H, device="cuda").to(BF)
-    _, mean, rstd = triton_kernels.layer_norm_fwd(x, w, b, 1e-5)
-    _, rrstd = triton_kernels.rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
+    _, mean, rstd = triton_kernels.launch_layer_norm_fwd(x, w, b, 1e-5)
+    _, rrstd = triton_kernels.launch_rms_norm_fwd(x, w, 1e-6, 0.0, "llama")
     print(
         f"\n(g) backward warps: {'factor':>7}{'warps':>7}{'ln bwd ms':>11}{'rms bwd ms':>12}{'LN step ms':>12}{'RMS step ms':>13}"
     )
@@ -181,8 +181,8 @@ def warp_sweep(all_cases: dict) -> None:
     try:
         for factor in (1, 2):
             triton_kernels.BWD_WARP_FACTOR = factor
-            ln = wall_ms(lambda: triton_kernels.layer_norm_bwd(dy, x, w, mean, rstd, True, True))
-            rms = wall_ms(lambda: triton_kernels.rms_norm_bwd(dy, x, w, rrstd, 0.0, "llama", True))
+            ln = wall_ms(lambda: triton_kernels.launch_layer_norm_bwd(dy, x, w, mean, rstd, True, True))
+            rms = wall_ms(lambda: triton_kernels.launch_rms_norm_bwd(dy, x, w, rrstd, 0.0, "llama", True))
             ln_step, rms_step = wall_ms(all_cases["LayerNorm ours"][1]), wall_ms(all_cases["RMSNorm ours"][1])
             warps = triton_kernels._row_launch(H, factor)[1]
             print(f"{'':<20}{factor:>7}{warps:>7}{ln:11.3f}{rms:12.3f}{ln_step:12.3f}{rms_step:13.3f}")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from benchmarks.harness import median_ms, write_probe
-from liger_registry.kernels.ce import triton_row_stats
-from liger_registry.kernels.ce.triton_rows import ce_rows_triton, row_scales
-from liger_registry.kernels.flce import triton_vocab as tv
+from liger_registry.kernels.ce import triton_kernels as triton_row_stats
+from liger_registry.kernels.ce.triton_kernels import ce_rows_triton, row_scales
+from liger_registry.kernels.flce import triton_kernels as tv
 from liger_registry.kernels.flce.options import FlceOptions
-from liger_registry.kernels.flce.vocab_rows import new_state
+from liger_registry.kernels.flce.reference import new_state
 
 CONFIGS = [
     ("lanes", 2048),

@@ -8,7 +8,7 @@ import torch
 
 from liger_registry import kernels
 from liger_registry.kernels import FlceOptions
-from liger_registry.kernels.ce.torch_rows import ce_rows_differentiable
+from liger_registry.kernels.ce.reference import ce_rows_differentiable
 
 
 def changes_the_loss(options: FlceOptions | None) -> bool:

@@ -1,4 +1,8 @@
-"""Kernels: the public functional API; each op dispatches to Triton (CUDA) or PyTorch (CPU), see ``backend``."""
+"""Kernels: the public functional API; each op dispatches to Triton (CUDA) or PyTorch (CPU), see ``backend``.
+
+One package per op (``ce``, ``flce``, ``glu``, ``jsd``, ``moe``, ``norm``, ``rotary``), each laid out as README.md
+in this folder says.
+"""
 
 from __future__ import annotations
 
@@ -14,18 +18,21 @@ from .backend import (
     requested_backend,
     why_not_triton,
 )
-from .ce.op import CrossEntropyOutput
-from .ce.op import cross_entropy as cross_entropy
-from .flce.api import FLCEOutput, FusedLinearCrossEntropyFunction
-from .flce.api import fused_linear_cross_entropy as fused_linear_cross_entropy
-from .flce.options import FlceOptions
-from .flce.planner import FlcePlan, flce_chunk_geometry, flce_plan
+from .ce import CrossEntropyOutput, cross_entropy
+from .flce import (
+    FlceOptions,
+    FLCEOutput,
+    FlcePlan,
+    FusedLinearCrossEntropyFunction,
+    flce_chunk_geometry,
+    flce_plan,
+    fused_linear_cross_entropy,
+)
 from .glu import geglu, glu_fused, relu_squared, swiglu, swiglu_clamped
-from .jsd.api import FusedLinearJSDFunction
-from .jsd.api import fused_linear_jsd as fused_linear_jsd
+from .jsd import FusedLinearJSDFunction, fused_linear_jsd
 from .moe import moe_experts
 from .norm import add_rms_norm, layer_norm, layer_norm_1p, rms_norm
-from .rope import rope, rope_variant
+from .rotary import rope, rope_variant
 
 __all__ = [
     "BACKENDS",

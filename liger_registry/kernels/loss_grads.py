@@ -1,12 +1,12 @@
-"""The backward of the fused losses (CE, FLCE, JSD compute their gradients in the forward): the check that it runs
-once and is not differentiated, and the scaling of the precomputed gradients by a scalar ``grad_output`` without a
-host sync (on CUDA a Triton kernel reads the scalar on the device and does nothing when it is 1).
+"""The backward of the fused losses (CE, FLCE, JSD compute their gradients in the forward).
 
-Why no sync: the fused losses compute their gradients in the forward; the backward only scales them. Testing
-``grad_output == 1`` on the host (``torch.equal``) waits for the whole forward to finish, so the host cannot
-queue ahead and every launch of the next chunked loop pays its latency; scaling unconditionally would cost a
-read and write of dW (benchmarks/NOTES.md has the H200 figures of both). On the CPU (no asynchrony) the host
-check stays.
+* :func:`check_backward`: the backward runs once and is not differentiated, else a clear error.
+* :func:`scale_unless_one_`: scales the precomputed gradients by a scalar ``grad_output`` without a host sync
+  (on CUDA a Triton kernel reads the scalar on the device and does nothing when it is 1; on the CPU, with no
+  asynchrony, the host check stays).
+* Why no sync: testing ``grad_output == 1`` on the host (``torch.equal``) waits for the whole forward to finish,
+  so the host cannot queue ahead and every launch of the next chunked loop pays its latency; scaling
+  unconditionally would cost a read and write of dW (docs/design/flce-layouts.md has the H200 figures of both).
 """
 
 from __future__ import annotations

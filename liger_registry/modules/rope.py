@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from liger_registry import kernels
-from liger_registry.kernels.rope import rope_variant
+from liger_registry.kernels.rotary import rope_variant
 from liger_registry.modules.wiring import makes
 
 

@@ -143,7 +143,7 @@ def parse_device(text: str):
 def gpu_name(name: str) -> str:
     """`name` when the FLCE cost model has peaks for it (matched as the planner matches a device name), else a
     ValueError naming the GPUs it knows: an unknown one would be costed for generic peaks, silently."""
-    from liger_registry.kernels.flce.cost import known_peaks
+    from liger_registry.kernels.flce.plan import known_peaks
 
     known_peaks(name)
     return name

@@ -13,14 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from liger_registry.kernels.glu import GLU_KINDS
-from liger_registry.kernels.glu.torch_math import (
+from liger_registry.kernels.glu.reference import (
     geglu_torch,
     glu_fused_torch,
     relu_squared_torch,
     swiglu_clamped_torch,
     swiglu_torch,
 )
-from liger_registry.kernels.norm.torch_math import rms_norm_torch
+from liger_registry.kernels.norm.reference import rms_norm_torch
 from liger_registry.modules.glu import SPARSITY_METHOD
 from liger_registry.scaffold.inspect import Captured
 from liger_registry.schemas import KINDS

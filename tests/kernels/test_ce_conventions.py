@@ -12,7 +12,7 @@ from liger_registry import kernels as K
 from liger_registry.forwards.causal_lm import next_token_labels
 from liger_registry.forwards.logits_loss import cross_entropy_loss
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import plan as flce_planner
 
 BACKENDS = [
     "torch",

@@ -77,7 +77,7 @@ def test_opcheck_custom_ops(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["tokens", "vocab"])
 def test_compiled_flce_runs_and_matches(monkeypatch, strategy):
-    from liger_registry.kernels.flce import planner as flce_planner
+    from liger_registry.kernels.flce import plan as flce_planner
 
     monkeypatch.setenv(K.ENV_VAR, "torch")
     monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 4)
@@ -101,8 +101,7 @@ def test_compiled_flce_runs_and_matches(monkeypatch, strategy):
 
 @pytest.mark.parametrize("strategy,chunk", [("tokens", 4), ("vocab", 8)])
 def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
-    from liger_registry.kernels.flce.options import FlceOptions
-    from liger_registry.kernels.flce.run import FlceRun
+    from liger_registry.kernels.flce.options import FlceOptions, FlceRun
 
     x, _, _, _, _, head, target = _inputs()
     flat = FlceRun(FlceOptions(label_smoothing=0.1), strategy, chunk, "torch", 2).flat()
@@ -115,8 +114,8 @@ def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
 def test_flce_plan_traces_without_break(gpu, shape, monkeypatch):
     """The planner runs inside the compiled forward; on a GPU its cost model takes paths a CPU run never does
     (`keeps_every_chunk`), so trace it with each GPU row's peaks at real head shapes, fullgraph."""
-    from liger_registry.kernels.flce import cost as flce_cost
-    from liger_registry.kernels.flce import planner as flce_planner
+    from liger_registry.kernels.flce import plan as flce_cost
+    from liger_registry.kernels.flce import plan as flce_planner
     from liger_registry.kernels.flce.options import options_from
 
     peaks = flce_cost.known_peaks(gpu)

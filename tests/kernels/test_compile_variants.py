@@ -10,7 +10,7 @@ from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
 from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
 from liger_registry.kernels.norm import add_rms_norm, layer_norm_1p
-from liger_registry.kernels.rope import rope_variant
+from liger_registry.kernels.rotary import rope_variant
 
 B, H, S, D = 2, 4, 3, 8
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

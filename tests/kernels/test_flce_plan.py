@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from liger_registry import kernels as K
-from liger_registry.kernels.flce import cost as flce_cost
-from liger_registry.kernels.flce.vocab_geometry import fits, vocab_geometry
+from liger_registry.kernels.flce import plan as flce_cost
+from liger_registry.kernels.flce.plan import fits, vocab_geometry
 
 LLAMA = (4096, 128256)
 
@@ -152,7 +152,7 @@ RUN1_TOKENS = {(8192, LLAMA): 54.97, (16384, LLAMA): 90.67}
 
 @pytest.mark.parametrize("bt,shape", list(RUN1_VOCAB))
 def test_cost_model_reproduces_the_h200_vocab_timings(bt, shape, monkeypatch):
-    from liger_registry.kernels.flce import cost as flce_cost
+    from liger_registry.kernels.flce import plan as flce_cost
 
     monkeypatch.setattr(flce_cost, "REUSE_LAST_CHUNK", False)
     old_width = 3968 if shape == LLAMA else 3072

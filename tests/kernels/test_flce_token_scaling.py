@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import plan as flce_planner
 
 
 def token_scaled_reference(

@@ -7,7 +7,7 @@ from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
 from liger_registry.kernels import flce_chunk_geometry
-from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import plan as flce_planner
 
 STRATEGIES = ["tokens", "vocab"]
 

@@ -10,10 +10,10 @@ from kernel_refs import flce_reference
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import cost as flce_cost
-from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import plan as flce_cost
+from liger_registry.kernels.flce import plan as flce_planner
 from liger_registry.kernels.flce import vocab as flce_vocab
-from liger_registry.kernels.flce.vocab_geometry import (
+from liger_registry.kernels.flce.plan import (
     KEPT_MAX_CHUNKS,
     VocabChunk,
     fits,

@@ -21,8 +21,8 @@ from transformers.models.llama import modeling_llama
 from transformers.models.llama.configuration_llama import LlamaConfig
 
 from liger_registry import kernels as K
-from liger_registry.kernels.glu import torch_math as glu_math
-from liger_registry.kernels.rope import rope_torch
+from liger_registry.kernels.glu import reference as glu_math
+from liger_registry.kernels.rotary import rope_torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -601,7 +601,7 @@ def test_cross_entropy_bf16_conventions(reduction):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_fused_linear_jsd(dtype, beta):
-    from liger_registry.kernels.jsd.loop import jsd_rows_differentiable
+    from liger_registry.kernels.jsd.reference import jsd_rows_differentiable
 
     g = torch.Generator(device="cuda").manual_seed(7)
     n, h, v = 1027, 512, 32007
@@ -755,7 +755,7 @@ def _median_ms(fn, reps: int = 10) -> float:
 def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     """The Triton path refuses out-of-range labels (no out-of-bounds read), and the label check (one aminmax and
     one host read per call, kernels/ce/labels.py) costs < 2% of an FLCE forward+backward at BT 4096, V 128256."""
-    from liger_registry.kernels.flce import api as flce_api
+    from liger_registry.kernels.flce import op as flce_api
 
     monkeypatch.setenv(K.ENV_VAR, "triton")
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -809,7 +809,7 @@ def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
     2 (N <= H, the default there: 6 chunks at 2048 tokens, 33 at 4096) and only pass 1's last one: the same loss
     and gradients as the plain geometry (budget-buffer chunks only), and no higher peak."""
     from liger_registry.kernels.flce import vocab as flce_vocab
-    from liger_registry.kernels.flce.vocab_geometry import plain_geometry, vocab_geometry
+    from liger_registry.kernels.flce.plan import plain_geometry, vocab_geometry
 
     hidden, weight, target = _llama_head("random", bt)
     layouts = {
@@ -838,9 +838,9 @@ def test_flce_vocab_peak_is_dw_accumulator_and_buffer(bt):
     """The vocab strategy's peak above its inputs (Llama-3 head, C=1, the default layout) is dW, dX's fp32
     accumulator and the larger of the logits buffer and dX itself: the buffer is free before dX is cast out of
     the accumulator, so the cast reuses its memory (or needs only its own when it is the larger)."""
-    from liger_registry.kernels.flce import cost as flce_cost
-    from liger_registry.kernels.flce import planner as flce_planner
-    from liger_registry.kernels.flce.vocab_geometry import vocab_geometry
+    from liger_registry.kernels.flce import plan as flce_cost
+    from liger_registry.kernels.flce import plan as flce_planner
+    from liger_registry.kernels.flce.plan import vocab_geometry
 
     hidden, weight, target = _llama_head("random", bt)
     n, h, v = bt, hidden.shape[1], weight.shape[0]

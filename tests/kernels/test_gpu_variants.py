@@ -24,9 +24,9 @@ from transformers.models.qwen3_next import modeling_qwen3_next
 
 from liger_registry.kernels import OPS
 from liger_registry.kernels.glu import glu_fused, relu_squared, swiglu_clamped
-from liger_registry.kernels.glu.torch_math import glu_fused_torch
+from liger_registry.kernels.glu.reference import glu_fused_torch
 from liger_registry.kernels.norm import add_rms_norm, layer_norm_1p
-from liger_registry.kernels.rope import rope_variant_torch
+from liger_registry.kernels.rotary import rope_variant_torch
 from liger_registry.modules import rope as dropin
 
 DEVICE = "cuda"

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
 from liger_registry.kernels.moe import moe_experts
-from liger_registry.kernels.moe import ops as moe_ops
+from liger_registry.kernels.moe import op as moe_ops
 from liger_registry.kernels.moe.routing import route
 
 T, H, INTER, E, TOP_K = 37, 24, 20, 5, 2

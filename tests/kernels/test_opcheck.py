@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce.options import FlceOptions
-from liger_registry.kernels.flce.run import FlceRun
+from liger_registry.kernels.flce.options import FlceOptions, FlceRun
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_RUNS = DEVICE == "cuda" or triton_utils.INTERPRET_AT_IMPORT
@@ -622,7 +621,7 @@ def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(layout, kind, mon
     weight gradients in their weights' layouts (split: the down weight a transposed view)."""
     if not TRITON_RUNS:
         pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1 at import")
-    from liger_registry.kernels.moe import ops as moe_ops
+    from liger_registry.kernels.moe import op as moe_ops
 
     monkeypatch.setattr(moe_ops, "wgrad_by_grouped_mm", lambda x, h: True)
     case = next(c for c in CASES if c.op == "moe_experts_bwd" and c.layout == f"{layout}-{kind}")

@@ -8,7 +8,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
 from liger_registry import kernels as K
-from liger_registry.kernels.jsd.loop import jsd_rows_differentiable
+from liger_registry.kernels.jsd.reference import jsd_rows_differentiable
 
 
 def _g(seed=0):

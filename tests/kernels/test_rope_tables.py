@@ -13,7 +13,7 @@ from transformers.models.pixtral import modeling_pixtral
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.rope import rope_variant
+from liger_registry.kernels.rotary import rope_variant
 from liger_registry.modules.rope import apply_rotary_pos_emb
 
 B, HQ, HK, S = 2, 3, 1, 5

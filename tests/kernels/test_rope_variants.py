@@ -16,7 +16,7 @@ from transformers.models.qwen3_next import modeling_qwen3_next
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.rope import rope_variant
+from liger_registry.kernels.rotary import rope_variant
 from liger_registry.modules import rope as dropin
 from liger_registry.registry.targets import hub_wrapped_function
 

@@ -7,18 +7,18 @@ from kernel_refs import ce_reference, flce_reference
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.ce import torch_rows as ce_torch
-from liger_registry.kernels.ce import triton_row_stats
-from liger_registry.kernels.ce.triton_rows import ce_rows_triton
-from liger_registry.kernels.flce import planner as flce_planner
-from liger_registry.kernels.flce import vocab_rows as vr
+from liger_registry.kernels.ce import reference as ce_torch
+from liger_registry.kernels.ce import triton_kernels as ce_kernels
+from liger_registry.kernels.ce.triton_kernels import ce_rows_triton
+from liger_registry.kernels.flce import plan as flce_planner
+from liger_registry.kernels.flce import reference as vr
 from liger_registry.kernels.flce.options import FlceOptions
 from liger_registry.kernels.flce.target import target_logits_torch, target_logits_triton
-from liger_registry.kernels.flce.triton_vocab import grad_inplace_triton, stats_update_triton
-from liger_registry.kernels.glu import torch_math as glu_math
-from liger_registry.kernels.norm import torch_math as norm_math
+from liger_registry.kernels.flce.triton_kernels import grad_inplace_triton, stats_update_triton
+from liger_registry.kernels.glu import reference as glu_math
+from liger_registry.kernels.norm import reference as norm_math
 from liger_registry.kernels.norm import triton_kernels as norm_kernels
-from liger_registry.kernels.rope import rope_torch
+from liger_registry.kernels.rotary import rope_torch
 
 STRATEGIES = ["tokens", "vocab"]
 
@@ -503,7 +503,7 @@ STATS_MODES = ["lanes", "blocks"]
 def test_ce_rows_stats_lse_and_first_argmax(n_cols, mode, monkeypatch):
     """Both statistics passes (per-lane state, block reductions) give torch's logsumexp and torch.argmax's first
     index on ties."""
-    monkeypatch.setitem(triton_row_stats.ROW_STATS, "ce_rows", (mode, 16))
+    monkeypatch.setitem(ce_kernels.ROW_STATS, "ce_rows", (mode, 16))
     x = _tied_rows(n_cols)
     t = torch.zeros(x.shape[0], dtype=torch.long)
     o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=1.0)
@@ -518,9 +518,9 @@ def test_ce_rows_stats_lse_and_first_argmax(n_cols, mode, monkeypatch):
 @pytest.mark.parametrize("mode", STATS_MODES)
 def test_vocab_stats_across_chunks_first_argmax(mode, monkeypatch):
     """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
-    from liger_registry.kernels.flce import triton_vocab as triton_flce_vocab
+    from liger_registry.kernels.flce import triton_kernels as triton_flce_vocab
 
-    monkeypatch.setitem(triton_row_stats.ROW_STATS, "vocab_stats", (mode, 16))
+    monkeypatch.setitem(ce_kernels.ROW_STATS, "vocab_stats", (mode, 16))
     triton_flce_vocab._flags.cache_clear()
     x = _tied_rows(50)
     x[0, [5, 45]] = 11.0  # the tie spans two vocabulary chunks

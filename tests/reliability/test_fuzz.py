@@ -17,7 +17,7 @@ from timeouts import within
 import liger_registry as L
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import plan as flce_planner
 from liger_registry.registry import loader
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError
 

@@ -8,7 +8,7 @@ import torch
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import planner as flce_planner
+from liger_registry.kernels.flce import plan as flce_planner
 
 V, H, N = 24, 8, 10
 # on a CUDA machine (the H200 run) the same cases run on the GPU: Triton compiled, labels checked on the device

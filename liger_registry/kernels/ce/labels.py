@@ -1,18 +1,15 @@
-"""The label check of the losses: integer class ids in [0, V) or the ignore value, else a ValueError naming them.
+"""The label check of the losses: class ids in [0, V) or the ignore value, else a ValueError naming them.
 
-Why here and how cheap: the Triton row kernels load ``logits[row, target]`` without a bounds check (a bad id
-reads another row's memory and gives a finite, plausible loss), and the PyTorch path fails deep inside
-``gather``. So every loss call checks its labels once, before any kernel reads them, on both backends with the
-same message. The check is one masked ``aminmax`` over the N labels (two elementwise kernels and one reduction
-over N int64 values, no pass over the [N, V] logits) and one host read of its two results per call, not per
-chunk (its cost against a loss call: benchmarks/NOTES.md, "Label check cost"; the GPU bound is asserted by
-tests/kernels/test_gpu.py).
-The fused loss on CUDA (:func:`start_label_check`) does not read the result back before its kernels: it
-replaces bad ids on the device, queues the loss, then waits for the flag and raises before the loss is returned
-(the early read made the host wait for all earlier GPU work, so the loss's launches met an idle GPU). The
-fused standalone cross entropy does the same (its row kernel is queued before the wait). Under torch.compile
-the check runs inside the opaque custom ops (FLCE, Triton cross entropy); the traced PyTorch cross entropy skips
-it (no graph break) and leaves the bounds check to ``gather``.
+* :func:`check_labels`: one masked ``aminmax`` over the N labels (no pass over the [N, V] logits) and one host
+  read of its two results per call, not per chunk; the same message on both backends.
+* :func:`start_label_check`: the fused losses on CUDA replace bad ids on the device, queue the loss, then wait
+  for the flag and raise before the loss is returned (an early read made the host wait for all earlier GPU
+  work, so the loss's launches met an idle GPU).
+* Why: the Triton row kernels load ``logits[row, target]`` without a bounds check (a bad id reads another row's
+  memory and gives a finite, plausible loss), and the PyTorch path fails deep inside ``gather``. Its cost
+  against a loss call: docs/design/ce-label-check.md (the GPU bound is asserted by tests/kernels/test_gpu.py).
+* Under torch.compile the check runs inside the opaque custom ops (FLCE, Triton cross entropy); the traced
+  PyTorch cross entropy skips it (no graph break) and leaves the bounds check to ``gather``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
-"""Cross entropy over rows of logits [N, V]: the public ``cross_entropy``, its output (:class:`CrossEntropyOutput`,
-also fused linear cross entropy's), its PyTorch path, and the custom op of its fused path (gradient computed in
-the forward pass, in a new buffer or, opt-in, over the logits).
+"""Cross entropy over rows of logits [N, V]: the public ``cross_entropy``, its output and its custom ops.
 
-Layouts: every output of the op is a fresh tensor, written contiguous whatever the logits' layout (rows with a
-larger stride, a transposed view): the gradient is read back row by row, and the fake says exactly that
-(``tests/kernels/test_opcheck.py`` checks it on both backends).
-
-The in-place backward (``inplace_backward=True``) writes the gradient over the logits: it saves one [N, V] buffer
-and its write bandwidth (the reference library always does it), and is opt-in because the caller's logits hold
-the gradient afterwards. The rule (:func:`check_inplace_logits`): the logits must be contiguous and must not be a
-partial view of a larger tensor (a slice, shifted logits: the rest of that tensor would keep logits beside the
-gradient). A view of the whole of a contiguous tensor (``logits.view(-1, V)`` as transformers' loss makes) is the
-same memory and is accepted. The shared version counter is bumped, so any other autograd node that saved these
-logits (or the tensor they view) fails at its backward with PyTorch's "modified by an inplace operation" error
-instead of computing a wrong gradient. Reading the logits after the call (an accuracy metric, returning them)
-reads the gradient: that is the caller's part.
+* :func:`cross_entropy` returns :class:`CrossEntropyOutput` (also fused linear cross entropy's); its PyTorch path
+  runs under autograd, its fused path computes the gradient in the forward, in a new buffer or, opt-in, over the
+  logits (``inplace_backward=True``).
+* ``ce_rows_for`` / ``row_scales`` (from ``triton_kernels``) give the row kernel of a decided backend.
+* Every output of the op is a fresh tensor, written contiguous whatever the logits' layout; the fake says
+  exactly that (``tests/kernels/test_opcheck.py`` checks it on both backends).
+* In-place rule (:func:`check_inplace_logits`): the logits must be contiguous and not a partial view of a larger
+  tensor (a slice, shifted logits: the rest of that tensor would keep logits beside the gradient); a view of the
+  whole of a contiguous tensor (``logits.view(-1, V)``) is accepted. The shared version counter is bumped, so an
+  autograd node that saved these logits fails at its backward with PyTorch's "modified by an inplace operation"
+  error instead of computing a wrong gradient. Reading the logits after the call reads the gradient.
 """
 
 from __future__ import annotations
@@ -30,9 +26,9 @@ from liger_registry.limits import check_ignore_index, check_logit_factor
 from ..backend import OPS, Op, register
 from ..define import define_op, eager_twin
 from ..loss_grads import check_backward, no_output, scale_unless_one_
-from . import torch_rows
+from . import reference
 from .labels import check_labels, start_label_check
-from .triton_rows import ce_rows_for
+from .triton_kernels import ce_rows_for
 
 
 class CrossEntropyOutput(NamedTuple):
@@ -87,7 +83,7 @@ def ce_output(
 
 def reduce_ce(ce: torch.Tensor, zl: torch.Tensor, reduction, ce_scale, z_scale):
     """Combine per-row ce and z-loss as ``fused_linear_cross_entropy`` does, with the scales of
-    :func:`torch_rows.loss_scales`; returns fp32 (loss, z_loss)."""
+    :func:`reference.loss_scales`; returns fp32 (loss, z_loss)."""
     if reduction == "none":
         return ce + zl, zl
     if reduction == "sum":
@@ -112,7 +108,7 @@ def cross_entropy_torch(
     ``argmax_mode`` is set, else empty."""
     if not torch.compiler.is_compiling():  # traced: no graph break; gather checks the bounds (labels.py)
         check_labels(target, ignore_index, logits.shape[1])
-    ce, zl = torch_rows.ce_rows_differentiable(
+    ce, zl = reference.ce_rows_differentiable(
         logits,
         target,
         ignore_index=ignore_index,
@@ -121,11 +117,11 @@ def cross_entropy_torch(
         lse_square_scale=lse_square_scale,
         class_weights=class_weights,
     )
-    scales = torch_rows.loss_scales(reduction, target, ignore_index, class_weights)
+    scales = reference.loss_scales(reduction, target, ignore_index, class_weights)
     loss, z = reduce_ce(ce, zl, reduction, *scales)
     if not argmax_mode:
         return loss, z, target.new_empty(0)
-    z_rows = torch_rows.transform_logits(logits.detach(), softcap, 1.0)
+    z_rows = reference.transform_logits(logits.detach(), softcap, 1.0)
     return loss, z, predicted_tokens(z_rows.argmax(-1), target, ignore_index)
 
 
@@ -154,7 +150,7 @@ def _ce_forward(
         grad = buf.new_empty(0)
     else:
         grad = buf if in_place else torch.empty(buf.shape, dtype=buf.dtype, device=buf.device)
-    ce_s, z_s = torch_rows.loss_scales(reduction, target, ignore_index, class_weights)
+    ce_s, z_s = reference.loss_scales(reduction, target, ignore_index, class_weights)
     ce, zl, argmax = ce_rows_for(backend)(
         buf,
         target,
@@ -379,7 +375,7 @@ def cross_entropy(
     (ValueError otherwise); another autograd node that saved them fails at backward with PyTorch's in-place
     error; eager only (ValueError under torch.compile); one backward, no double backward. See the module
     docstring of ``kernels.ce.op``."""
-    torch_rows.check_ce_options(label_smoothing, softcap, reduction)
+    reference.check_ce_options(label_smoothing, softcap, reduction)
     check_ignore_index(ignore_index)
     if softcap is not None:
         check_logit_factor("softcap", float(softcap))

@@ -1,11 +1,12 @@
-"""Exact target logit of each row for FLCE: ``z_y = <x_n, W[y_n]> (+ b[y_n])`` accumulated in fp32, then
-``logit_scale`` and ``softcap``, and the correction of a row's log-sum-exp for it.
+"""Exact target logit of each row for FLCE, and the correction of the row's log-sum-exp for it.
 
-16-bit logits round ``z_y`` by up to ~0.03 at ``z_y ~ 10`` (bf16), which on confident rows puts the loss ~1e-4
-relative off float64. Both strategies keep their 16-bit logits buffer and use this fp32 ``z_y`` in the loss,
-swapping the target's term of the row's sum-exp: ``d' = d - exp(z_y16 - m) + exp(z_y - m)``. Here too: its Triton
-kernel (one program per row, the dot of the hidden row and its target's weight row in fp32) and the target
-probabilities that token scaling weighs each row's loss with.
+* ``target_logits``: ``z_y = <x_n, W[y_n]> (+ b[y_n])`` accumulated in fp32, then ``logit_scale`` and
+  ``softcap`` (``target_logits_torch`` or the Triton kernel ``target_logits_triton``, one program per row).
+* ``corrected_lse`` swaps the target's term of the row's sum-exp: ``d' = d - exp(z_y16 - m) + exp(z_y - m)``.
+* ``chunk_target_probs`` / ``target_probs_from_lse``: the target probabilities token scaling weighs each row's
+  loss with.
+* Why: 16-bit logits round ``z_y`` by up to ~0.03 at ``z_y ~ 10`` (bf16), which on confident rows puts the loss
+  ~1e-4 relative off float64; both strategies keep their 16-bit logits buffer and use this fp32 ``z_y``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ce.torch_rows import corrected_lse, transform_logits
+from ..ce.reference import corrected_lse, transform_logits
 from ..triton_utils import tanh
 
 ROWS_PER_STEP = 1024  # the PyTorch path upcasts this many [H] row pairs at a time (bounded fp32 temporaries)

@@ -1,12 +1,15 @@
-"""FLCE token strategy: chunks of rows; per chunk one logits GEMM, the row kernel (loss and in-place gradient),
-the dX GEMM into the output and the dW addmm into one accumulator."""
+"""The FLCE token strategy: the chunk loop over rows.
+
+* :func:`token_loop`: per chunk of ``run.chunk`` rows one logits GEMM, the row kernel (loss and in-place
+  gradient), the dX GEMM into the output and the dW addmm into one accumulator.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from ..ce.triton_rows import ce_rows_for, row_scales
-from .run import FlceRun
+from ..ce.triton_kernels import ce_rows_for, row_scales
+from .options import FlceRun
 from .target import chunk_target_probs, needs_exact_target, target_logits, with_row_factor
 
 

@@ -1,14 +1,14 @@
-"""FLCE vocabulary strategy: chunks of vocabulary columns, all rows at once, one reused logits buffer [N, Vc].
+"""The FLCE vocabulary strategy: the chunk loop over vocabulary columns, all rows at once.
 
-Chunks and where their logits live: :mod:`vocab_geometry` (the widest in dW's not yet written memory).
-Pass 1 over the chunks: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the chunk's logits), the
-row-statistics kernel folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
-(16-bit logits: with the exact fp32 target logit of ``target``) and gradient factors. Pass 2 (only when a
-gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last chunk's, still
-there), overwrite the buffer with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
-``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
-``db[c] = g.sum(0)``. With ``N <= H`` every chunk's logits are kept from pass 1 (no logits GEMM in pass 2).
-No host sync inside the loops.
+* :func:`vocab_loop`: chunks laid out by ``plan.vocab_geometry`` (the widest in dW's not yet written memory;
+  docs/design/flce-layouts.md), one reused logits buffer [N, Vc]. No host sync inside the loops.
+* Pass 1: ``logits_c = X @ W_c^T (+ b_c)`` (cuBLAS, ``out=`` the chunk's logits), the row-statistics kernel
+  folds them into each row's running max / sum-exp, target logit, smoothing sum and argmax. Then the per-row loss
+  (16-bit logits: with the exact fp32 target logit) and gradient factors.
+* Pass 2 (only when a gradient is needed), over the chunks in reverse: recompute ``logits_c`` (not pass 1's last
+  chunk's, still there), overwrite it with its gradient in place, ``dX_acc += g @ W_c`` (fp32 accumulation),
+  ``dW[c] = g^T @ X`` written once (no read-modify-write: ``accum_dtype`` changes nothing here),
+  ``db[c] = g.sum(0)``. With ``N <= H`` every chunk's logits are kept from pass 1 (no logits GEMM in pass 2).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import NamedTuple
 
 import torch
 
-from . import cost, planner
-from .run import FlceRun
+from . import plan
+from .options import FlceRun
+from .plan import vocab_geometry
+from .reference import grad_inplace_torch, new_state, row_losses, stats_update_torch
 from .target import needs_exact_target, target_logits, target_probs_from_lse
-from .triton_vocab import grad_inplace_triton, stats_update_triton
-from .vocab_geometry import vocab_geometry
-from .vocab_rows import grad_inplace_torch, new_state, row_losses, stats_update_torch
+from .triton_kernels import grad_inplace_triton, stats_update_triton
 
 ROW_KERNELS = {
     "torch": (stats_update_torch, grad_inplace_torch),
@@ -92,14 +92,14 @@ def _logits(hidden, c: _Chunk) -> torch.Tensor:
 
 
 def _keep(hidden: torch.Tensor, v: int, chunk: int, multiple: int) -> bool:
-    """The planner's layout choice (:func:`cost.keeps_every_chunk`) on this call's device."""
-    peaks = cost.peaks_of(hidden.device)
-    return cost.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
+    """The planner's layout choice (:func:`plan.keeps_every_chunk`) on this call's device."""
+    peaks = plan.peaks_of(hidden.device)
+    return plan.keeps_every_chunk(*hidden.shape, v, chunk, hidden.dtype.itemsize, peaks, multiple)
 
 
 def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceRun, need, ce_scale, z_scale):
     """Same contract as :func:`tokens.token_loop`, chunked over vocabulary columns as
-    :func:`vocab_geometry.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
+    :func:`plan.vocab_geometry` lays them out for a budget buffer of ``run.chunk`` columns."""
     opts = run.options
     n, h = hidden.shape
     v = weight.shape[0]
@@ -111,7 +111,7 @@ def vocab_loop(hidden, weight, target, bias, class_weights, row_grad, run: FlceR
     kw = {"opts": opts, "class_weights": cw}
     # dW rows are written once, in pass 2: until then their memory holds logits (see vocab_geometry)
     dw = torch.empty((v, h), dtype=hidden.dtype, device=hidden.device) if need[1] else None
-    multiple = min(planner.COL_MULTIPLE, planner.VOCAB_ALIGN)
+    multiple = min(plan.COL_MULTIPLE, plan.VOCAB_ALIGN)
     geometry = vocab_geometry(
         n, h, v, run.chunk, dw is not None, multiple, _keep(hidden, v, run.chunk, multiple)
     )

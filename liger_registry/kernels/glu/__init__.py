@@ -1,13 +1,13 @@
-"""GLU kernels: SwiGLU / GeGLU on split gate and up (with optional gate and down multipliers), the same over a fused gate_up projection, GPT-OSS's clamped
-SwiGLU, and relu²; each public function validates its arguments and runs the backend its registered Op decides
-(see ``ops``).
+"""GLU kernels: SwiGLU / GeGLU, the same over a fused gate_up, GPT-OSS's clamped SwiGLU, and relu².
 
+* :func:`swiglu` / :func:`geglu` ``(gate, up)``: ``act(gate * gate_multiplier) * up * down_multiplier``.
 * :func:`glu_fused` ``(gate_up, kind)``: ``gate, up = gate_up.chunk(2, -1)``; ``up * act(gate)`` with act silu
   (``swiglu``) or tanh-gelu (``geglu``): phi3 / glm / glm4 ``MLP.forward``, the gate is the first half.
 * :func:`swiglu_clamped` ``(gate_up, limit, alpha)``: GPT-OSS's ``GptOssExperts._apply_gate``: gate and up
   interleaved (``gate_up[..., ::2]``, ``gate_up[..., 1::2]``), ``gate.clamp(max=limit)``,
   ``up.clamp(-limit, limit)``, ``(up + 1) * gate * sigmoid(alpha * gate)``.
 * :func:`relu_squared` ``(x)``: ``relu(x) ** 2``, nemotron's ``ACT2FN["relu2"]`` (``ReLUSquaredActivation``).
+* Each validates its arguments, then runs the backend its registered Op (``op``) decides.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from .ops import GEGLU_OP, GLU_FUSED, RELU_SQUARED, SWIGLU_CLAMPED, SWIGLU_OP
+from .op import GEGLU, GLU_FUSED, RELU_SQUARED, SWIGLU, SWIGLU_CLAMPED
 
 GLU_KINDS = ("swiglu", "geglu")
 
@@ -68,7 +68,7 @@ def swiglu(
     buffers of their size at the backward). Off by default: only safe when nothing reads ``gate`` or ``up`` after
     the backward (an MLP's projections, made for this call alone)."""
     args = _glu_args("swiglu", gate, up, gate_multiplier, down_multiplier)
-    return _run(SWIGLU_OP, args, in_place_backward)
+    return _run(SWIGLU, args, in_place_backward)
 
 
 def geglu(
@@ -82,7 +82,7 @@ def geglu(
     """``gelu(gate * gate_multiplier, approximate="tanh") * up * down_multiplier``, rounded as :func:`swiglu`;
     ``in_place_backward`` as there."""
     args = _glu_args("geglu", gate, up, gate_multiplier, down_multiplier)
-    return _run(GEGLU_OP, args, in_place_backward)
+    return _run(GEGLU, args, in_place_backward)
 
 
 def glu_fused(gate_up: torch.Tensor, kind: str = "swiglu") -> torch.Tensor:

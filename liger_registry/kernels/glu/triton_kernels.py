@@ -1,17 +1,16 @@
-"""Triton gated activations and relu², forward and backward, elementwise in fp32:
+"""Triton gated activations and relu², forward and backward, elementwise in fp32, and their launchers.
 
-* SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate gate and up tensors, optionally with
-  Falcon-H1's multipliers: ``act(a * gate_multiplier) * b * down_multiplier``;
-* the same read straight from a fused gate_up projection (no split copy): over [gate | up] halves, and GPT-OSS's
-  clamped SwiGLU over interleaved (gate, up) pairs; their backward writes one gradient shaped like gate_up;
-* relu² elementwise.
-
-Rounded as the modules they replace round (``act_fn(gate) * up`` in transformers' MLPs): the activation is
-computed in fp32 and rounded to the gate's dtype, then multiplied by ``up`` and rounded to the output dtype; each
-op of GPT-OSS's gate; relu² once; a multiplier (``gate * m``, ``out * m`` in FalconH1MLP) rounds to the tensor's
-dtype as that eager multiply does. The multipliers are compile-time switches (``GATE_SCALED`` / ``DOWN_SCALED``),
-so the default 1.0 compiles the kernel without them. The backward is the gradient of that: d up = dc * the
-rounded activation, d gate = dc * up * act'(gate) (times the multipliers)."""
+* ``launch_glu_fwd`` / ``launch_glu_bwd``: SwiGLU (``silu(a) * b``) and GeGLU (``gelu_tanh(a) * b``) on separate
+  gate and up tensors, optionally with Falcon-H1's multipliers: ``act(a * gate_multiplier) * b *
+  down_multiplier`` (compile-time switches ``GATE_SCALED`` / ``DOWN_SCALED``: the default 1.0 compiles without).
+* ``launch_gate_up_fwd`` / ``launch_gate_up_bwd``: the same read straight from a fused gate_up projection (no
+  split copy), over [gate | up] halves or GPT-OSS's interleaved (gate, up) pairs; the backward writes one
+  gradient shaped like gate_up. ``_act_and_grad`` is shared with the MoE kernels.
+* ``launch_relu_squared``: relu² or its gradient, elementwise.
+* Rounded as the modules they replace round: the activation in fp32 rounded to the gate's dtype, then times
+  ``up`` rounded to the output dtype; each op of GPT-OSS's gate; relu² once; a multiplier rounds to the tensor's
+  dtype as that eager multiply does. The backward is the gradient of that.
+"""
 
 from __future__ import annotations
 
@@ -96,7 +95,7 @@ def _multipliers(gate_multiplier: float, down_multiplier: float) -> dict:
     )
 
 
-def glu_fwd(
+def launch_glu_fwd(
     a: torch.Tensor, b: torch.Tensor, kind: int, gate_multiplier: float = 1.0, down_multiplier: float = 1.0
 ) -> torch.Tensor:
     a, b = a.contiguous(), b.contiguous()
@@ -109,7 +108,7 @@ def glu_fwd(
     return c
 
 
-def glu_bwd(
+def launch_glu_bwd(
     dc: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
@@ -224,7 +223,9 @@ def _geometry(gate_up: torch.Tensor, kind: str):
     return gu, n_rows, n_cols, up_off, step, block
 
 
-def gate_up_fwd(gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0) -> torch.Tensor:
+def launch_gate_up_fwd(
+    gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0
+) -> torch.Tensor:
     """act(gate) * up of a [..., 2I] gate_up tensor, result [..., I]; ``clamped_swiglu`` reads interleaved
     (gate, up) pairs, the others a [gate | up] split."""
     gu, n_rows, n_cols, up_off, step, block = _geometry(gate_up, kind)
@@ -238,7 +239,9 @@ def gate_up_fwd(gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: flo
     return out.view(*gate_up.shape[:-1], n_cols)
 
 
-def gate_up_bwd(dout: torch.Tensor, gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0):
+def launch_gate_up_bwd(
+    dout: torch.Tensor, gate_up: torch.Tensor, kind: str, limit: float = 0.0, alpha: float = 0.0
+):
     """The gradient of :func:`gate_up_fwd` with respect to gate_up, one [..., 2I] tensor."""
     gu, n_rows, n_cols, up_off, step, block = _geometry(gate_up, kind)
     do = contiguous_rows(dout)
@@ -265,7 +268,7 @@ def _relu_sq_kernel(X, DY, OUT, n, BACKWARD: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(OUT + offs, y.to(OUT.dtype.element_ty), mask=mask)
 
 
-def relu_squared_apply(x: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor:
+def launch_relu_squared(x: torch.Tensor, dy: torch.Tensor | None = None) -> torch.Tensor:
     """``relu(x) ** 2`` or, given ``dy``, its gradient ``2 * relu(x) * dy``."""
     x = x.contiguous()
     dy = x if dy is None else dy.contiguous()

@@ -1,23 +1,25 @@
-"""MoE experts: the tokens routed to each expert gathered in one permutation, a grouped GEMM over every expert
-for gate/up with the gated activation in its epilogue, a grouped GEMM for down with the routing weight applied,
-the sum over each token's top-k slots; the backward as grouped GEMMs too (see ``triton_kernels``).
+"""MoE experts: the public ``moe_experts``, a transformers experts module's forward as grouped GEMMs.
 
 * :func:`moe_experts` ``(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, ...)``: what the
   forward of a transformers experts module (``use_experts_implementation``) returns, for stacked weights
   ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I] (``transposed``: [E, H, 2I] and [E, I, H]), optional
   biases [E, 2I] and [E, H], and the gate ``act``: ``swiglu`` / ``geglu`` over a ``[gate | up]`` split, or
   ``clamped_swiglu`` (GPT-OSS: interleaved pairs, ``limit``, ``alpha``), or ``limited_swiglu`` (DeepSeek-V4:
-  the split SwiGLU with gate and up clamped at ``limit``). ``up_proj``: separate up weights (DBRX's ``v1``
-  beside ``w1``): ``gate_up_proj`` then holds only the gate's [E, I, H] (transposed [E, H, I]) and ``up_proj``
-  the up's, same shape and strides, both read in place (split gates only). Any weight may be a strided view
-  (DBRX's down weight, stored [E, I, H], passes as ``w2.transpose(1, 2)``).
+  the split SwiGLU with gate and up clamped at ``limit``).
+* ``up_proj``: separate up weights (DBRX's ``v1`` beside ``w1``): ``gate_up_proj`` then holds only the gate's
+  [E, I, H] (transposed [E, H, I]) and ``up_proj`` the up's, same shape and strides, both read in place (split
+  gates only). Any weight may be a strided view (DBRX's down weight, stored [E, I, H], passes as
+  ``w2.transpose(1, 2)``).
+* Bad arguments raise one ``ValueError`` naming every problem; the routing table (``routing``) is built once per
+  call, the op (``op``) runs forward and backward as grouped GEMMs (``triton_kernels``) or the per-expert loop
+  (``reference``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .ops import MOE_EXPERTS
+from .op import MOE_EXPERTS
 from .routing import route
 
 ACTS = ("swiglu", "geglu", "clamped_swiglu", "limited_swiglu")

@@ -1,9 +1,11 @@
-"""The routing table of one experts call: the (token, slot) pairs sorted by expert, and the blocks of sorted rows
-the grouped GEMMs run over.
+"""The routing table of one experts call: the (token, slot) pairs sorted by expert, and the row blocks.
 
-Built from tensor ops of static shape with no host synchronisation (no ``.item()``, no data-dependent sizes): the
-number of row blocks is bounded by ``cdiv(S, block_m) + E`` (each expert wastes at most one partial block), the
-blocks beyond the real ones are marked idle, so the same table serves eager, CUDA graphs and torch.compile.
+* :func:`route` returns a :class:`Route` (``src``, ``dest``, ``offsets``, ``blocks``, ``block_m``) that the
+  grouped GEMMs run over.
+* Built from tensor ops of static shape with no host synchronisation (no ``.item()``, no data-dependent sizes):
+  the number of row blocks is bounded by ``cdiv(S, block_m) + E`` (each expert wastes at most one partial block),
+  the blocks beyond the real ones are marked idle, so the same table serves eager, CUDA graphs and
+  torch.compile.
 """
 
 from __future__ import annotations

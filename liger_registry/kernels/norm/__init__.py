@@ -1,12 +1,16 @@
-"""Norm kernels: RMSNorm, LayerNorm, fused residual add + RMSNorm and LayerNorm1P; each public function
-validates its arguments and runs the backend its registered Op decides (see ``ops``)."""
+"""Norm kernels: the public RMSNorm, LayerNorm, fused residual add + RMSNorm and LayerNorm1P.
+
+* Each function validates its arguments (clear ``ValueError``), then runs the backend its registered Op
+  (``op``) decides for the call.
+* Outputs are contiguous, in the dtype the casting mode gives; gradients flow to x (and residual), weight, bias.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .ops import ADD_RMS_NORM, LAYER_NORM, RMS_NORM
-from .torch_math import check_casting_mode
+from .op import ADD_RMS_NORM, LAYER_NORM, RMS_NORM
+from .reference import check_casting_mode
 
 ADD_RMS_MODES = ("llama", "gemma")
 
@@ -30,7 +34,7 @@ def rms_norm(
     in_place_backward: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last dim; casting modes ``llama`` | ``gemma`` | ``none`` (see
-    :func:`torch_math.rms_norm_torch` for what each means and why it exists). ``weight=None``: no elementwise
+    :func:`reference.rms_norm_torch` for what each means and why it exists). ``weight=None``: no elementwise
     affine (``nn.RMSNorm(elementwise_affine=False)``), ``y = x / rms(x)`` in the casting mode's dtypes, the
     output in x's dtype; ``offset`` does not apply and there is no weight gradient.
 

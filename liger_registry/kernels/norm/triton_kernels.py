@@ -1,10 +1,13 @@
-"""Triton RMSNorm (llama / gemma / none casting, offset, with or without a weight), fused residual add + RMSNorm,
-and LayerNorm: forward and backward row kernels and their launchers; RMSNorm and add + RMSNorm share one backward
-kernel. Without a weight (``HAS_W`` off) the normalised value is the output: no scale, no offset, no dw.
+"""Triton RMSNorm, fused residual add + RMSNorm and LayerNorm: row kernels and their launchers.
 
-Host time per call matters here (see benchmarks/NOTES.md): launch constants are made once per width, and the
-backward's weight (and bias) gradient partials are summed and cast by one kernel instead of a torch ``sum`` +
-``to`` per parameter.
+* ``launch_rms_norm_fwd`` / ``launch_rms_norm_bwd``, ``launch_add_rms_norm_fwd`` / ``launch_add_rms_norm_bwd``,
+  ``launch_layer_norm_fwd`` / ``launch_layer_norm_bwd``: fresh contiguous outputs plus the saved statistics
+  (rstd, mean); RMSNorm and add + RMSNorm share one backward kernel.
+* Casting modes llama / gemma / none, an offset, with or without a weight: without one (``HAS_W`` off) the
+  normalised value is the output (no scale, no offset, no dw).
+* Host time per call is part of the contract (docs/design/norm-host-overhead.md): launch constants are made once
+  per width, and the weight (and bias) gradient partials are summed and cast by one kernel instead of a torch
+  ``sum`` + ``to`` per parameter.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from .. import triton_utils as tu
 
 _MODES = {"llama": 0, "gemma": 1, "none": 2}
 SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program of the partial-sum kernel
-# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32); benchmarks/probe_norm_host.py
-# compares 1 and 2 (benchmarks/NOTES.md, "Norm kernels: host time and backward warps").
+# The backward kernels' warps = warps_for(BLOCK) x this factor (at most 32); 1 and 2 compared in
+# docs/design/norm-host-overhead.md.
 BWD_WARP_FACTOR = 1
 
 
@@ -165,7 +168,9 @@ def _rms_bwd_launch(dy, ds, x2, weight, rstd, dx, offset: float, casting_mode: s
     return dw_part
 
 
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str):
+def launch_rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, casting_mode: str
+):
     shape = x.shape
     x2 = tu.contiguous_rows(x)
     n, h = x2.shape
@@ -191,7 +196,7 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offse
     return y.view(shape), rstd
 
 
-def rms_norm_bwd(
+def launch_rms_norm_bwd(
     dy, x, weight, rstd, offset: float, casting_mode: str, need_dw: bool, in_place: bool = False
 ):
     shape = x.shape
@@ -289,7 +294,7 @@ def _ln_bwd_kernel(
         tl.store(DB_PART + pid * n_cols + cols, db, mask=mask)
 
 
-def layer_norm_fwd(x, weight, bias, eps: float):
+def launch_layer_norm_fwd(x, weight, bias, eps: float):
     """LayerNorm over rows; ``weight`` / ``bias`` None: no scale / no shift."""
     shape = x.shape
     x2 = tu.contiguous_rows(x)
@@ -318,7 +323,7 @@ def layer_norm_fwd(x, weight, bias, eps: float):
     return y.view(shape), mean, rstd
 
 
-def layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
+def launch_layer_norm_bwd(dy, x, weight, mean, rstd, need_dw: bool, need_db: bool):
     """dx, and dw / db in the weight's dtype when asked; no dw without a weight."""
     shape = x.shape
     need_dw = need_dw and weight is not None
@@ -385,7 +390,7 @@ def _add_rms_fwd_kernel(
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mode: str):
+def launch_add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mode: str):
     """``(s, y, rstd)``: s = residual + x in their promoted dtype, y = rmsnorm(s), rstd per row (fp32)."""
     shape = x.shape
     x2, r2 = tu.contiguous_rows(x), tu.contiguous_rows(residual)
@@ -404,7 +409,7 @@ def add_rms_norm_fwd(x, residual, weight, eps: float, offset: float, casting_mod
     return s.view(shape), y.view(shape), rstd
 
 
-def add_rms_norm_bwd(dy, ds, s, weight, rstd, offset: float, casting_mode: str, need_dw: bool):
+def launch_add_rms_norm_bwd(dy, ds, s, weight, rstd, offset: float, casting_mode: str, need_dw: bool):
     """``(d_sum, dw)``: the gradient reaching ``s`` (from ds and through the norm from dy), which is the
     gradient of both x and residual, and the weight's (None unless ``need_dw``, a weight and dy are given)."""
     shape = s.shape

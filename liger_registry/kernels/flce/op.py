@@ -1,10 +1,12 @@
-"""Fused linear cross entropy: loss of ``softcap((hidden @ W.T + b) * scale)`` without materialising the logits.
+"""Fused linear cross entropy: the loss of ``softcap((hidden @ W.T + b) * scale)`` without the logits.
 
-The API, its autograd Function, the computation of one call (loss scales, the planned strategy's chunk loop, the
-reduction of its rows) and its custom ops: ``flce_forward`` (that computation; under torch.compile one opaque
-node, eagerly the plain function) and ``flce_scale_grads_`` (the backward's in-place scaling). Every output is a
-fresh tensor, written contiguous whatever the inputs' layouts; the fakes say exactly that
-(``tests/kernels/test_opcheck.py`` checks them on both backends).
+* :func:`fused_linear_cross_entropy` and its autograd Function :class:`FusedLinearCrossEntropyFunction`.
+* ``flce_compute``: one call (loss scales, the planned strategy's chunk loop, the reduction of its rows).
+* Custom ops ``flce_forward`` (that computation; under torch.compile one opaque node, eagerly the plain
+  function) and ``flce_scale_grads_`` (the backward's in-place scaling); ``FUSED_LINEAR_CROSS_ENTROPY``: the
+  registered backend Op.
+* Every output is a fresh tensor, written contiguous whatever the inputs' layouts; the fakes say exactly that
+  (``tests/kernels/test_opcheck.py`` checks them on both backends).
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from torch import Tensor
 from ..backend import Op, register
 from ..ce.labels import start_label_check
 from ..ce.op import CrossEntropyOutput, argmax_mode_for, ce_output, predicted_tokens
-from ..ce.torch_rows import loss_scales
+from ..ce.reference import loss_scales
 from ..define import define_op
 from ..loss_grads import check_backward, no_output, scale_unless_one_, times_fp32
-from .options import FlceOptions, options_from
-from .planner import FlcePlan, plan_for
-from .run import FlceRun, takes_flat_run
+from .options import FlceOptions, FlceRun, options_from, takes_flat_run
+from .plan import FlcePlan, plan_for
 from .tokens import token_loop
 from .vocab import vocab_loop
 

@@ -1,7 +1,11 @@
-"""PyTorch gated activations (SwiGLU / GeGLU on split or fused gate_up, GPT-OSS's clamped SwiGLU) and relu²: the
-production CPU path, the reference of the Triton kernels, and the explicit GLU backward the op's torch branch
-runs (autograd does not record inside a custom op's implementation). Each computes what the family code
-computes, op for op (bit-equal on CPU)."""
+"""Gated activations and relu² in PyTorch: the twin of the Triton kernels.
+
+* ``swiglu_torch`` / ``geglu_torch`` / ``glu_fused_torch`` / ``swiglu_clamped_torch`` / ``swiglu_limited_torch``
+  / ``relu_squared_torch``: the CPU path and the tests' reference; each computes what the family code computes,
+  op for op (bit-equal on CPU).
+* ``glu_bwd_torch``: the explicit GLU backward the op's torch branch runs (autograd does not record inside a
+  custom op's implementation).
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""PyTorch cross-entropy row math shared by ``cross_entropy`` and fused linear cross entropy.
+"""Cross-entropy row math in PyTorch, shared by ``cross_entropy`` and fused linear cross entropy.
 
-Semantics follow ``torch.nn.functional.cross_entropy`` (label smoothing, class weights; mean divides by the
-sum of the weights of the non-ignored targets), plus Liger's extras: ``softcap`` (``s * tanh(z / s)``),
-``logit_scale`` (applied before the softcap) and z-loss (``lse_square_scale * lse**2`` per non-ignored
-token, unweighted; under ``mean`` it is divided by the number of non-ignored tokens).
+* ``ce_rows_torch``: the Triton rows kernel's twin (loss, z-loss, argmax and the gradient written over the chunk);
+  ``ce_rows_differentiable``: the same under autograd.
+* Semantics of ``torch.nn.functional.cross_entropy`` (label smoothing, class weights; mean divides by the sum of
+  the weights of the non-ignored targets), plus ``softcap`` (``s * tanh(z / s)``), ``logit_scale`` (applied
+  before the softcap) and z-loss (``lse_square_scale * lse**2`` per non-ignored token, unweighted; under
+  ``mean`` divided by the number of non-ignored tokens).
 """
 
 from __future__ import annotations

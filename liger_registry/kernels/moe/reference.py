@@ -1,11 +1,12 @@
-"""PyTorch MoE experts, forward and explicit backward, over the sorted rows of a :class:`~.routing.Route`: the
-production CPU path, the reference of the Triton kernels, and the torch branch of the op (autograd does not
-record inside a custom op's implementation, so the backward is written out).
+"""MoE experts in PyTorch, forward and explicit backward, over the sorted rows of a :class:`~.routing.Route`.
 
-Computes what transformers' grouped experts compute, op for op: per expert ``gate_up = x @ W_gu^T (+ b)``, the
-family's gate (``act(gate) * up`` over a ``[gate | up]`` split, or GPT-OSS's clamped SwiGLU over interleaved
-pairs), ``y = h @ W_d^T (+ b)``, ``y * routing weight``, summed over the top-k slots of each token. Separate
-gate and up weights (``w_up``) are joined one expert at a time, never as a whole-weight copy.
+* ``experts_fwd_torch`` / ``experts_bwd_torch``: the CPU path, the reference of the Triton kernels, and the
+  torch branch of the op (autograd does not record inside a custom op's implementation, so the backward is
+  written out).
+* Computes what transformers' grouped experts compute, op for op: per expert ``gate_up = x @ W_gu^T (+ b)``, the
+  family's gate (``gate`` / ``gate_grad``), ``y = h @ W_d^T (+ b)``, ``y * routing weight``, summed over the
+  top-k slots of each token. Separate gate and up weights (``w_up``) are joined one expert at a time, never as a
+  whole-weight copy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..glu.torch_math import glu_fused_torch, swiglu_clamped_torch, swiglu_limited_torch
+from ..glu.reference import glu_fused_torch, swiglu_clamped_torch, swiglu_limited_torch
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, out_first: bool) -> torch.Tensor:
@@ -66,7 +67,7 @@ def gate_grad(dh: torch.Tensor, gate_up: torch.Tensor, act: str, limit: float, a
     return torch.cat([d * b * dact, d * act_a], -1).to(gate_up.dtype)
 
 
-def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit, alpha,
+def experts_fwd_torch(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit, alpha,
                 out_first):  # fmt: skip
     """``(out [T, H], gate_up [S, 2I], h [S, I])``; ``weights``: the routing weight of each sorted row."""
     n_rows = src.shape[0]
@@ -88,7 +89,7 @@ def experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_
     return out, gate_up, h
 
 
-def experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k, act, limit,
+def experts_bwd_torch(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k, act, limit,
                 alpha, out_first):  # fmt: skip
     """``(dx, d weights (sorted rows, fp32), d w_gu, d w_d, d b_gu, d b_d, d w_up)``; the gradient of an absent
     bias or up weight is an empty tensor."""

@@ -14,18 +14,16 @@ cos/sin [batch or 1, seq, C] or [seq, C] (the vision towers' table, broadcast ov
 * ``upcast=True``: rotate in fp32 and return q's / k's dtypes (llama4's complex multiply, which the torch
   path computes as a complex product when the pairs are interleaved with one cos per pair); otherwise the
   result has ``promote_types(q.dtype, cos.dtype)`` as the HF functions do.
-
-The PyTorch implementation computes what the family functions compute, op for op (bit-equal on CPU); the
-Triton kernel rotates in fp32 and rounds once. Gradients flow to q and k, not to cos/sin (the families build
-cos/sin from a buffer, without gradient).
+* The PyTorch twin (``reference``) computes what the family functions compute, op for op (bit-equal on CPU);
+  the Triton kernel rotates in fp32 and rounds once. Gradients flow to q and k, not to cos/sin.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from .ops import ROPE, ROPE_VARIANT
-from .torch_math import check_rope_shapes, check_variant_shapes, rope_torch, rope_variant_torch
+from .op import ROPE, ROPE_VARIANT
+from .reference import check_rope_shapes, check_variant_shapes, rope_torch, rope_variant_torch
 
 
 def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -33,7 +31,7 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor
     C = head_dim (even): identical to HF ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``. Any other
     head_dim or width, as liger-kernel's rope accepts them: an odd head_dim, a table wider than head_dim (C >=
     head_dim // 2): pairs (j, j + head_dim // 2) rotated by ``cos[..., j]``, an odd head_dim's last dim passed
-    through (see ``torch_math.plain_layout``). Returns ``(q_out, k_out)``."""
+    through (see ``reference.plain_layout``). Returns ``(q_out, k_out)``."""
     check_rope_shapes(q, k, cos, sin)
     return ROPE(q, k, cos, sin)
 

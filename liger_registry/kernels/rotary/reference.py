@@ -1,5 +1,11 @@
-"""RoPE in PyTorch: the production CPU path of every layout, the reference of the tests, and the custom ops'
-``torch`` backend (the rotation and its transpose in the layout and dtypes the Triton kernel writes)."""
+"""RoPE in PyTorch, every layout: the twin of the Triton kernel.
+
+* ``rope_torch`` / ``rope_variant_torch``: the CPU path and the tests' reference (the family functions, op for
+  op).
+* ``rotate_torch``: the custom ops' ``torch`` backend, the rotation and its transpose in the layout and dtypes
+  the Triton kernel writes.
+* The layout helpers (``plain_layout``, ``rope_table``, ``out_dtypes``, the shape checks) shared with ``op``.
+"""
 
 from __future__ import annotations
 
@@ -156,7 +162,7 @@ def _rotate_one(x, cos, sin, rot, interleaved, cos_per_pair, dtype, backward) ->
     return _in_rope_layout(y.to(dtype), x)
 
 
-def rotate(
+def rotate_torch(
     q: Tensor,
     k: Tensor,
     cos: Tensor,

@@ -1,4 +1,8 @@
-"""Triton generalised-JSD rows kernel for fused linear JSD: loss per row, student-logit gradient in place."""
+"""Triton generalised-JSD rows kernel of fused linear JSD and its launcher.
+
+* ``jsd_rows_triton``: loss per row, the student-logit gradient written in place.
+* Same contract as ``reference.jsd_rows_torch``; one program per row.
+"""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Row math of the FLCE vocabulary strategy: running row statistics over vocabulary chunks, per-row loss and
-gradient coefficients, and the in-place gradient of a chunk (PyTorch; ``triton_vocab`` has the kernels).
+"""Row math of the FLCE vocabulary strategy in PyTorch: the twin of ``triton_kernels``.
 
-Logits ``z = softcap(raw * logit_scale)``; ``lse = m + log(d)`` from the running max ``m`` and sum-exp ``d``.
-The gradient of a chunk column ``j`` of row ``i`` is the token strategy's (``ce.torch_rows.ce_rows_torch``):
-``(exp(z - lse) * coef - [j == y] * a_s - sm * w_j) * (1 - tanh^2) * logit_scale`` with the per-row
-``coef``, ``a_s``, ``sm`` of :func:`row_losses` (zero on ignored rows, so their gradient is exactly 0).
+* ``stats_update_torch``: fold a chunk into the running row statistics (:class:`RowState`).
+* :func:`row_losses`: per-row loss and gradient coefficients (:class:`RowCoefs`) from the statistics.
+* ``grad_inplace_torch``: the in-place gradient of a chunk, the token strategy's (``ce.reference.ce_rows_torch``):
+  ``(exp(z - lse) * coef - [j == y] * a_s - sm * w_j) * (1 - tanh^2) * logit_scale`` with the per-row ``coef``,
+  ``a_s``, ``sm`` (zero on ignored rows, so their gradient is exactly 0); ``z = softcap(raw * logit_scale)``,
+  ``lse = m + log(d)``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..ce.torch_rows import transform_logits
+from ..ce.reference import transform_logits
 from .target import corrected_lse
 
 

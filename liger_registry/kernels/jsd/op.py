@@ -1,10 +1,12 @@
 """Fused linear generalised Jensen-Shannon divergence (distillation), chunked over tokens.
 
-As Liger defines it, with student log-probs ``X = log_softmax(s / T)`` and teacher log-probs
-``Y = log_softmax(t / T)`` (``Q = exp X``, ``P = exp Y``): ``beta = 0`` is forward KL ``KL(P || Q)``,
-``beta = 1`` reverse KL ``KL(Q || P)``, otherwise with ``M = beta P + (1 - beta) Q`` the loss is
-``beta KL(P || M) + (1 - beta) KL(Q || M)``. Summed over the vocabulary, averaged over the non-ignored
-tokens (all tokens when ``target`` is None). Gradients flow to the student only.
+* :func:`fused_linear_jsd` and :class:`FusedLinearJSDFunction`; ``fljsd_compute``: the chunk loop over tokens;
+  the custom op ``fljsd_forward`` and the backend Op ``FUSED_LINEAR_JSD``.
+* With student log-probs ``X = log_softmax(s / T)`` and teacher log-probs ``Y = log_softmax(t / T)``
+  (``Q = exp X``, ``P = exp Y``): ``beta = 0`` is forward KL ``KL(P || Q)``, ``beta = 1`` reverse KL
+  ``KL(Q || P)``, otherwise with ``M = beta P + (1 - beta) Q`` the loss is ``beta KL(P || M) + (1 - beta)
+  KL(Q || M)``. Summed over the vocabulary, averaged over the non-ignored tokens (all tokens when ``target`` is
+  None). Gradients flow to the student only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,59 @@ from liger_registry.limits import check_chunk_mem_const
 
 from ..backend import Op, register
 from ..define import define_op
-from .loop import fljsd_compute
+from ..flce.plan import flce_chunk_geometry
+from .reference import jsd_rows_torch
+from .triton_kernels import jsd_rows_triton
+
+
+def jsd_rows_for(backend: str):
+    """The row kernel for an already decided backend."""
+    return jsd_rows_triton if backend == "triton" else jsd_rows_torch
+
+
+def fljsd_compute(
+    sh, sw, th, tw, target, beta, temperature, ignore_index, chunk_mem_const, need_dh, need_dw, backend
+):
+    """One pass over token chunks: (mean loss, d loss/d student hidden, d loss/d student weight)."""
+    n, h = sh.shape
+    v = sw.shape[0]
+    valid = torch.ones(n, dtype=torch.bool, device=sh.device) if target is None else target != ignore_index
+    n_valid = valid.sum().to(torch.float32)
+    scale = torch.where(n_valid > 0, 1.0 / n_valid.clamp(min=1.0), torch.zeros_like(n_valid))
+    chunk, nchunks = flce_chunk_geometry(n, max(h, th.shape[1]), v, chunk_mem_const)
+    dh = torch.empty(sh.shape, dtype=sh.dtype, device=sh.device) if need_dh else None
+    dw = torch.zeros(sw.shape, dtype=sw.dtype, device=sw.device) if need_dw else None
+    sw_c = sw if sw.dtype == sh.dtype else sw.to(sh.dtype)
+    tw_c = tw if tw.dtype == th.dtype else tw.to(th.dtype)
+    rows = jsd_rows_for(backend)
+    total = torch.zeros((), dtype=torch.float32, device=sh.device)
+    s_buf = t_buf = None
+    for i in range(nchunks):
+        s, e = i * chunk, min((i + 1) * chunk, n)
+        if s_buf is None:
+            s_buf = torch.empty((chunk, v), dtype=sh.dtype, device=sh.device)
+            t_buf = torch.empty((chunk, v), dtype=th.dtype, device=th.device)
+        sb, tb = s_buf[: e - s], t_buf[: e - s]
+        torch.mm(sh[s:e], sw_c.t(), out=sb)
+        torch.mm(th[s:e], tw_c.t(), out=tb)
+        loss_rows = rows(
+            sb,
+            tb,
+            valid[s:e],
+            beta=beta,
+            temperature=temperature,
+            grad_scale=scale,
+            compute_grad=need_dh or need_dw,
+        )
+        total += loss_rows.sum()
+        if need_dh:
+            torch.mm(sb, sw_c, out=dh[s:e])
+        if need_dw:
+            if dw.dtype == sb.dtype:
+                dw.addmm_(sb.t(), sh[s:e])
+            else:
+                dw.addmm_(sb.t().to(dw.dtype), sh[s:e].to(dw.dtype))
+    return total * scale, dh, dw
 
 
 def _fljsd_forward_impl(

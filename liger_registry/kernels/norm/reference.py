@@ -1,6 +1,10 @@
-"""PyTorch RMSNorm, LayerNorm and fused add + RMSNorm: the production CPU path, the reference of the Triton
-kernels, and the explicit backward formulas the ops' torch branches run (autograd does not record inside a
-custom op's implementation)."""
+"""RMSNorm, LayerNorm and fused add + RMSNorm in PyTorch: the twin of the Triton kernels.
+
+* ``rms_norm_torch`` / ``layer_norm_torch`` / ``add_rms_norm_torch``: the CPU path and the tests' reference,
+  computed as the Hugging Face modules compute them (per casting mode).
+* ``rms_norm_bwd_torch`` / ``layer_norm_bwd_torch``: the explicit backward formulas the ops' torch branches run
+  (autograd does not record inside a custom op's implementation).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""Triton RoPE, one kernel for every layout: rotate-half or interleaved pairs, partial rotary dim, one cos per
-element or per pair; q and k of one (batch, position) in one program (cos/sin loaded once), pass-through dims
-copied."""
+"""Triton RoPE: one kernel for every layout and its launcher.
+
+* ``launch_rotate``: rotate-half or interleaved pairs, partial rotary dim, one cos per element or per pair;
+  ``backward`` applies the transposed rotation. Outputs in q's / k's layout (``rope_out_like``).
+* q and k of one (batch, position) in one program (cos/sin loaded once); pass-through dims copied.
+"""
 
 from __future__ import annotations
 
@@ -154,7 +157,7 @@ def _bstride(t: torch.Tensor) -> int:
     return t.stride(0) if t.shape[0] != 1 else 0
 
 
-def rotate(
+def launch_rotate(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,

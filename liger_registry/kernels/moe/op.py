@@ -1,12 +1,14 @@
-"""The MoE experts op, defined once with ``define_op`` (custom op, fake, autograd, eager twin): forward and
-backward each one op over the sorted rows of a :class:`~.routing.Route`, Triton grouped GEMMs or the PyTorch
-per-expert loop; and its registered :class:`~..backend.Op`.
+"""The MoE experts op, defined once with ``define_op``, and its registered backend Op.
 
-Forward outputs: the experts' result [T, H] and, for the backward, the gate/up projection [S, 2I] and the gated
-activation [S, I] of each sorted row (the activation is recomputed from gate/up where the backward needs its
-value, never stored twice). The routing weights enter sorted by row (a differentiable gather outside the op).
-``w_up``: the up weights when ``w_gu`` holds only the gate's (DBRX's ``v1`` beside ``w1``), read in place; its
-gradient is the backward's last output (empty when there is none, as the bias gradients are).
+* Custom ops ``moe_experts`` / ``moe_experts_bwd`` (``experts_fwd`` / ``experts_bwd`` here) over the sorted rows
+  of a :class:`~.routing.Route`: the Triton grouped GEMMs or the PyTorch per-expert loop (``reference``).
+* Forward outputs: the experts' result [T, H] and, for the backward, the gate/up projection [S, 2I] and the
+  gated activation [S, I] of each sorted row (the activation is recomputed from gate/up where the backward needs
+  its value, never stored twice). The routing weights enter sorted by row (a differentiable gather outside the
+  op).
+* ``w_up``: the up weights when ``w_gu`` holds only the gate's (DBRX's ``v1`` beside ``w1``), read in place; its
+  gradient is the backward's last output (empty when there is none, as the bias gradients are).
+* ``MOE_EXPERTS``: the registered backend Op. Tuning and measurements: docs/design/moe-experts.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op
-from . import torch_math as tm
+from . import reference as ref
 from . import triton_kernels as tk
 from .routing import Route
 
@@ -48,7 +50,7 @@ def _fwd_impl(
     act: str, limit: float, alpha: float, out_first: bool, backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     if backend == "torch":
-        return tm.experts_fwd(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit,
+        return ref.experts_fwd_torch(x, weights, w_gu, w_d, b_gu, b_d, w_up, src, dest, offsets, top_k, act, limit,
                               alpha, out_first)  # fmt: skip
     route = Route(src, dest, offsets, blocks, block_m)
     return _fwd_triton(x, weights, w_gu, w_d, b_gu, b_d, w_up, route, top_k, act, limit, alpha, out_first)
@@ -109,7 +111,7 @@ def wgrad_by_grouped_mm(x: Tensor, h: Tensor) -> bool:
     """Whether the weight gradients run as ``torch._grouped_mm`` (CUDA's grouped GEMM) rather than
     ``_wgrad_kernel``: on CUDA where this torch has it for the dtype, with rows of 16-byte multiples (its
     alignment rule). A GEMM with no epilogue to fuse: the vendor kernel is faster at large experts
-    (benchmarks/NOTES.md, issue 23)."""
+    (docs/design/moe-experts.md)."""
     align = 16 // x.element_size()
     if not x.is_cuda or x.shape[1] % align or h.shape[1] % align:
         return False
@@ -193,7 +195,7 @@ def _bwd_impl(
     block_m: int, top_k: int, act: str, limit: float, alpha: float, out_first: bool, backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     if backend == "torch":
-        return tm.experts_bwd(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k,
+        return ref.experts_bwd_torch(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, src, dest, offsets, top_k,
                               act, limit, alpha, out_first)  # fmt: skip
     route = Route(src, dest, offsets, blocks, block_m)
     return _bwd_triton(dout, x, weights, w_gu, w_d, b_gu, b_d, w_up, gate_up, h, route, top_k, act, limit, alpha,

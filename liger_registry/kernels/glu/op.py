@@ -1,9 +1,11 @@
-"""The GLU ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): SwiGLU / GeGLU on
-split gate and up, the gated activations over a fused gate_up (SwiGLU, GeGLU, GPT-OSS's clamped SwiGLU) and
-relu²; and their registered :class:`~..backend.Op` (the backend rule of each call).
+"""The GLU ops, each defined once with ``define_op``, and their registered backend Ops.
 
-Outputs are written contiguous (rows), whatever the inputs' layout; the split GLU's torch branch makes its
-result contiguous to agree, so its derived fake is exactly the Triton output's layout.
+* Custom ops ``glu_fwd`` / ``glu_bwd`` (split gate and up), ``gate_up_fwd`` / ``gate_up_bwd`` (over a fused
+  gate_up: SwiGLU, GeGLU, GPT-OSS's clamped SwiGLU), ``relu_squared`` (both passes).
+* Backend Ops ``SWIGLU``, ``GEGLU``, ``GLU_FUSED``, ``SWIGLU_CLAMPED``, ``RELU_SQUARED``: ``reference`` on torch,
+  the custom ops on Triton.
+* Outputs are written contiguous (rows) whatever the inputs' layout; the split GLU's torch branch makes its
+  result contiguous to agree, so its derived fake is exactly the Triton output's layout.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op, eager_twin
-from . import torch_math as tm
+from . import reference as ref
 from . import triton_kernels as tk
 
 # ---------------------------------------------------------------- SwiGLU / GeGLU on split gate and up
-_GLU_TORCH = {tk.SILU: tm.swiglu_torch, tk.GELU_TANH: tm.geglu_torch}
+_GLU_TORCH = {tk.SILU: ref.swiglu_torch, tk.GELU_TANH: ref.geglu_torch}
 
 
 def _glu_fwd_impl(
@@ -25,7 +27,7 @@ def _glu_fwd_impl(
 ) -> Tensor:
     if backend == "torch":
         return _GLU_TORCH[kind](gate, up, gate_multiplier, down_multiplier).contiguous()
-    return tk.glu_fwd(gate, up, kind, gate_multiplier, down_multiplier)
+    return tk.launch_glu_fwd(gate, up, kind, gate_multiplier, down_multiplier)
 
 
 def _glu_bwd_impl(
@@ -38,9 +40,9 @@ def _glu_bwd_impl(
     backend: str,
 ) -> tuple[Tensor, Tensor]:
     if backend == "torch":
-        da, db = tm.glu_bwd_torch(dc, gate, up, kind, gate_multiplier, down_multiplier)
+        da, db = ref.glu_bwd_torch(dc, gate, up, kind, gate_multiplier, down_multiplier)
         return da.contiguous(), db.contiguous()
-    return tk.glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier)
+    return tk.launch_glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier)
 
 
 glu_bwd = define_op("glu_bwd", _glu_bwd_impl)
@@ -77,7 +79,7 @@ def _glu_backward_in_place(ctx, dc):
     fits = backend == "triton" and gate.is_contiguous() and up.is_contiguous() and own
     if not fits:
         return _glu_backward(ctx, dc)
-    tk.glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier, out=(gate, up))
+    tk.launch_glu_bwd(dc, gate, up, kind, gate_multiplier, down_multiplier, out=(gate, up))
     torch.autograd.graph.increment_version((gate, up))
     return gate, up, None, None, None, None
 
@@ -105,10 +107,10 @@ def geglu_triton(gate, up, gate_multiplier=1.0, down_multiplier=1.0, in_place_ba
 
 
 # ---------------------------------------------------------------- gated activations over a fused gate_up, relu²
-# Triton only (no backend argument: their torch path is the torch_math function under autograd), so the fakes
+# Triton only (no backend argument: their torch path is the reference function under autograd), so the fakes
 # are given.
 def _gate_up_fwd_impl(gate_up: Tensor, kind: str, limit: float, alpha: float) -> Tensor:
-    return tk.gate_up_fwd(gate_up, kind, limit, alpha)
+    return tk.launch_gate_up_fwd(gate_up, kind, limit, alpha)
 
 
 def _gate_up_fwd_fake(gate_up, kind, limit, alpha):
@@ -116,7 +118,7 @@ def _gate_up_fwd_fake(gate_up, kind, limit, alpha):
 
 
 def _gate_up_bwd_impl(dout: Tensor, gate_up: Tensor, kind: str, limit: float, alpha: float) -> Tensor:
-    return tk.gate_up_bwd(dout, gate_up, kind, limit, alpha)
+    return tk.launch_gate_up_bwd(dout, gate_up, kind, limit, alpha)
 
 
 def _gate_up_bwd_fake(dout, gate_up, kind, limit, alpha):
@@ -144,7 +146,7 @@ gate_up_fwd = define_op(
 
 def _relu_squared_impl(x: Tensor, dy: Tensor | None) -> Tensor:
     """``relu(x) ** 2`` or, given ``dy``, its gradient ``2 * relu(x) * dy``: one op for both passes."""
-    return tk.relu_squared_apply(x, dy)
+    return tk.launch_relu_squared(x, dy)
 
 
 def _relu_squared_fake(x, dy):
@@ -185,10 +187,12 @@ def relu_squared_triton(x: Tensor) -> Tensor:
     return relu_squared_op(x, None)
 
 
-SWIGLU_OP = register(Op("swiglu", torch_impl=tm.swiglu_torch, triton_impl=swiglu_triton))
-GEGLU_OP = register(Op("geglu", torch_impl=tm.geglu_torch, triton_impl=geglu_triton))
-GLU_FUSED = register(Op("glu_fused", torch_impl=tm.glu_fused_torch, triton_impl=glu_fused_triton))
+SWIGLU = register(Op("swiglu", torch_impl=ref.swiglu_torch, triton_impl=swiglu_triton))
+GEGLU = register(Op("geglu", torch_impl=ref.geglu_torch, triton_impl=geglu_triton))
+GLU_FUSED = register(Op("glu_fused", torch_impl=ref.glu_fused_torch, triton_impl=glu_fused_triton))
 SWIGLU_CLAMPED = register(
-    Op("swiglu_clamped", torch_impl=tm.swiglu_clamped_torch, triton_impl=swiglu_clamped_triton)
+    Op("swiglu_clamped", torch_impl=ref.swiglu_clamped_torch, triton_impl=swiglu_clamped_triton)
 )
-RELU_SQUARED = register(Op("relu_squared", torch_impl=tm.relu_squared_torch, triton_impl=relu_squared_triton))
+RELU_SQUARED = register(
+    Op("relu_squared", torch_impl=ref.relu_squared_torch, triton_impl=relu_squared_triton)
+)

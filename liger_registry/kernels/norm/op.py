@@ -1,9 +1,11 @@
-"""The norm ops, each defined once with ``define_op`` (custom op, fake, autograd, eager twin): RMSNorm, LayerNorm
-and the fused residual add + RMSNorm; and their registered :class:`~..backend.Op` (the backend rule of each call).
+"""The norm ops, each defined once with ``define_op``, and their registered backend Ops.
 
-Outputs are written contiguous (rows), whatever the input's layout: the row kernels write fresh outputs, their
-consumers (linear layers) want rows, and the torch branches make their results contiguous to agree, so the fake
-derived from the torch branch is exactly the Triton output's layout.
+* Custom ops ``rms_norm_fwd`` / ``rms_norm_bwd`` (and ``rms_norm_bwd_``, dx over dy), ``layer_norm_fwd`` /
+  ``layer_norm_bwd``, ``add_rms_norm_fwd`` / ``add_rms_norm_bwd``: implementation, fake, autograd, eager twin.
+* Backend Ops ``RMS_NORM``, ``LAYER_NORM``, ``ADD_RMS_NORM``: ``reference`` on torch, the custom ops on Triton.
+* Outputs are written contiguous (rows) whatever the input's layout: the row kernels write fresh outputs, their
+  consumers (linear layers) want rows, and the torch branches make their results contiguous to agree, so the
+  fake derived from the torch branch is exactly the Triton output's layout.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op, eager_twin
-from . import torch_math as tm
+from . import reference as ref
 from . import triton_kernels as tk
 
 
@@ -42,8 +44,8 @@ def _rms_norm_fwd_impl(
     if backend == "torch":
         xf = x.float()
         rstd = torch.rsqrt(xf.pow(2).mean(-1) + eps).reshape(-1)
-        return tm.rms_norm_torch(x, weight, eps, offset, casting_mode).contiguous(), rstd
-    return tk.rms_norm_fwd(x, weight, eps, offset, casting_mode)
+        return ref.rms_norm_torch(x, weight, eps, offset, casting_mode).contiguous(), rstd
+    return tk.launch_rms_norm_fwd(x, weight, eps, offset, casting_mode)
 
 
 def _rms_norm_bwd_impl(
@@ -58,9 +60,9 @@ def _rms_norm_bwd_impl(
     backend: str,
 ) -> tuple[Tensor, Tensor]:
     if backend == "torch":
-        dx, dw = tm.rms_norm_bwd_torch(dy, x, weight, eps, offset, casting_mode, need_dw)
+        dx, dw = ref.rms_norm_bwd_torch(dy, x, weight, eps, offset, casting_mode, need_dw)
         return dx.contiguous(), dw if dw is not None else _no_grad_of(weight, x)
-    dx, dw = tk.rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw)
+    dx, dw = tk.launch_rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw)
     return dx, dw if dw is not None else _no_grad_of(weight, x)
 
 
@@ -77,7 +79,7 @@ def _rms_norm_bwd_in_place_impl(
     need_dw: bool,
 ) -> Tensor:
     """Backward that writes dx over dy (saves one activation-sized buffer); dy must be x's dtype, contiguous."""
-    dx, dw = tk.rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw, in_place=True)
+    dx, dw = tk.launch_rms_norm_bwd(dy, x, weight, rstd, offset, casting_mode, need_dw, in_place=True)
     if dx.data_ptr() != dy.data_ptr():
         dy.copy_(dx)
     return dw if dw is not None else _no_grad_of(weight, x)
@@ -142,8 +144,8 @@ def _layer_norm_fwd_impl(
     if backend == "torch":
         xf = x.float().reshape(-1, x.shape[-1])
         var, mean = torch.var_mean(xf, -1, unbiased=False)
-        return tm.layer_norm_torch(x, weight, bias, eps).contiguous(), mean, torch.rsqrt(var + eps)
-    return tk.layer_norm_fwd(x, weight, bias, eps)
+        return ref.layer_norm_torch(x, weight, bias, eps).contiguous(), mean, torch.rsqrt(var + eps)
+    return tk.launch_layer_norm_fwd(x, weight, bias, eps)
 
 
 def _layer_norm_bwd_impl(
@@ -159,10 +161,12 @@ def _layer_norm_bwd_impl(
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     if backend == "torch":
-        dx, dw, db = tm.layer_norm_bwd_torch(dy, x, weight, bias, eps, need_dw, need_db)
+        dx, dw, db = ref.layer_norm_bwd_torch(dy, x, weight, bias, eps, need_dw, need_db)
         dx = dx.contiguous()
     else:
-        dx, dw, db = tk.layer_norm_bwd(dy, x, weight, mean, rstd, need_dw, need_db and bias is not None)
+        dx, dw, db = tk.launch_layer_norm_bwd(
+            dy, x, weight, mean, rstd, need_dw, need_db and bias is not None
+        )
     return (
         dx,
         dw if dw is not None else _no_grad_of(weight, x),
@@ -203,7 +207,7 @@ def layer_norm_triton(x, weight, bias, eps):
 def _add_rms_norm_fwd_impl(
     x: Tensor, residual: Tensor, weight: Tensor | None, eps: float, offset: float, casting_mode: str
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return tk.add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
+    return tk.launch_add_rms_norm_fwd(x, residual, weight, eps, offset, casting_mode)
 
 
 def _add_rms_norm_fwd_fake(x, residual, weight, eps, offset, casting_mode):
@@ -228,7 +232,7 @@ def _add_rms_norm_bwd_impl(
     need_dw: bool,
 ) -> tuple[Tensor, Tensor]:
     """(d_sum, dw); dw is empty when it is not computed (no ``need_dw``, no ``dy`` or no weight)."""
-    d, dw = tk.add_rms_norm_bwd(dy, ds, s, weight, rstd, offset, casting_mode, need_dw)
+    d, dw = tk.launch_add_rms_norm_bwd(dy, ds, s, weight, rstd, offset, casting_mode, need_dw)
     return d, _no_grad_of(weight, s) if dw is None else dw
 
 
@@ -278,9 +282,11 @@ def add_rms_norm_triton(x, residual, weight, eps: float, offset: float = 0.0, ca
 
 
 RMS_NORM = register(
-    Op("rms_norm", torch_impl=tm.rms_norm_torch, triton_impl=rms_norm_triton, extra_check=_max_cols())
+    Op("rms_norm", torch_impl=ref.rms_norm_torch, triton_impl=rms_norm_triton, extra_check=_max_cols())
 )
 LAYER_NORM = register(
-    Op("layer_norm", torch_impl=tm.layer_norm_torch, triton_impl=layer_norm_triton, extra_check=_max_cols())
+    Op("layer_norm", torch_impl=ref.layer_norm_torch, triton_impl=layer_norm_triton, extra_check=_max_cols())
 )
-ADD_RMS_NORM = register(Op("add_rms_norm", torch_impl=tm.add_rms_norm_torch, triton_impl=add_rms_norm_triton))
+ADD_RMS_NORM = register(
+    Op("add_rms_norm", torch_impl=ref.add_rms_norm_torch, triton_impl=add_rms_norm_triton)
+)

@@ -1,10 +1,12 @@
-"""The RoPE custom ops ``liger_registry::rope`` (full-width rotate-half) and ``liger_registry::rope_variant``
-(every layout), both defined by ``define_op`` from one implementation, and the Ops that pick their backend.
+"""The RoPE custom ops ``liger_registry::rope`` and ``liger_registry::rope_variant``, and their backend Ops.
 
-Outputs keep the layout of q / k (``rope_out_like``), as HF's function does: attention passes transposed views
-of its projections, and what follows (the attention kernel, the KV cache, a seq-first family's transpose back)
-sees the layout it sees unpatched. The kernel writes fresh outputs in any layout at no cost; the torch branch's
-result is put in that layout when it differs.
+* :func:`rotate`: the one implementation of both ops (forward, and the transposed rotation as the backward),
+  ``reference.rotate_torch`` or ``triton_kernels.launch_rotate`` by its backend argument.
+* ``ROPE_OP`` (full-width rotate-half) / ``ROPE_VARIANT_OP`` (every layout): the ``define_op`` definitions;
+  ``ROPE`` / ``ROPE_VARIANT``: the registered backend Ops.
+* Outputs keep the layout of q / k (``rope_out_like``), as HF's function does: attention passes transposed views
+  of its projections, and what follows (the attention kernel, the KV cache, a seq-first family's transpose
+  back) sees the layout it sees unpatched. The torch branch's result is put in that layout when it differs.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op
-from . import torch_math, triton_kernels
+from . import reference, triton_kernels
 
 
 def rotate(
@@ -34,19 +36,19 @@ def rotate(
     cos/sin: [batch or 1, seq, C] or [seq, C], at least as wide as the rotation reads."""
     if cos.shape != sin.shape:
         raise ValueError("rope: cos and sin shapes differ")
-    cos, sin = torch_math.rope_table(cos, sin, rotary_dim, cos_per_pair)
+    cos, sin = reference.rope_table(cos, sin, rotary_dim, cos_per_pair)
     opts = (rotary_dim, interleaved, cos_per_pair, q_dtype, k_dtype, backward)
     if backend == "torch":
-        return torch_math.rotate(q, k, cos, sin, *opts)
-    return triton_kernels.rotate(q, k, cos, sin, *opts)
+        return reference.rotate_torch(q, k, cos, sin, *opts)
+    return triton_kernels.launch_rotate(q, k, cos, sin, *opts)
 
 
 def _rope_impl(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, backward: bool, backend: str
 ) -> tuple[Tensor, Tensor]:
     # backward: q, k are the gradients, which keep their own dtypes
-    q_dtype, k_dtype = torch_math.out_dtypes(q, k, cos, keep=backward)
-    rot, per_pair = torch_math.plain_layout(q.shape[-1], cos.shape[-1])
+    q_dtype, k_dtype = reference.out_dtypes(q, k, cos, keep=backward)
+    rot, per_pair = reference.plain_layout(q.shape[-1], cos.shape[-1])
     return rotate(q, k, cos, sin, rot, False, per_pair, q_dtype, k_dtype, backward, backend)
 
 
@@ -125,12 +127,12 @@ def rope_variant_triton(
     upcast=False,
     rotary_dim=None,
 ) -> tuple[Tensor, Tensor]:
-    rot = torch_math.rotary_dim_of(cos, cos_per_pair) if rotary_dim is None else rotary_dim
-    q_dtype, k_dtype = torch_math.out_dtypes(q, k, cos, keep=upcast)
+    rot = reference.rotary_dim_of(cos, cos_per_pair) if rotary_dim is None else rotary_dim
+    q_dtype, k_dtype = reference.out_dtypes(q, k, cos, keep=upcast)
     return ROPE_VARIANT_OP(q, k, cos, sin, rot, interleaved, cos_per_pair, q_dtype, k_dtype, False)
 
 
-ROPE = register(Op("rope", torch_impl=torch_math.rope_torch, triton_impl=rope_triton))
+ROPE = register(Op("rope", torch_impl=reference.rope_torch, triton_impl=rope_triton))
 ROPE_VARIANT = register(
-    Op("rope_variant", torch_impl=torch_math.rope_variant_torch, triton_impl=rope_variant_triton)
+    Op("rope_variant", torch_impl=reference.rope_variant_torch, triton_impl=rope_variant_triton)
 )

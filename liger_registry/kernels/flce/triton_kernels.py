@@ -1,6 +1,7 @@
-"""Triton kernels of the FLCE vocabulary strategy: row statistics of a vocabulary chunk, and its in-place gradient.
+"""Triton kernels of the FLCE vocabulary strategy and their launchers.
 
-Same contracts as ``vocab_rows.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
+* ``stats_update_triton``: row statistics of a vocabulary chunk; ``grad_inplace_triton``: its in-place gradient.
+* Same contracts as ``reference.stats_update_torch`` / ``grad_inplace_torch``; one program per row.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import triton
 import triton.language as tl
 
 from .. import triton_utils as tu
-from ..ce.triton_row_stats import grad_row, row_stats, row_stats_config
+from ..ce.triton_kernels import grad_row, row_stats, row_stats_config
 from ..triton_utils import tanh
-from .vocab_rows import RowCoefs, RowState
+from .reference import RowCoefs, RowState
 
 
 @triton.jit
