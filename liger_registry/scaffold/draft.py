@@ -625,11 +625,19 @@ def add_rms_norm_section(model: nn.Module, source: ModelSource, rms: dict[str, A
     return {"targets": sorted(targets), **{k: rms[k] for k in NORM_OPTIONS if k in rms}}
 
 
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def with_settings(config: PretrainedConfig, tiny: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """The tiny config with the user's values over the scaffold's: a plain name goes to the language config
     (where the text model's values are), a dotted one (vision_config.depth) to that nested config."""
-    from liger_registry.scaffold.perturb import merged
-
     text_attr, text = _text_attr(config), config.get_text_config()
     for name, value in settings.items():
         head, _, rest = name.partition(".")

@@ -16,6 +16,7 @@ from transformers import PretrainedConfig
 from liger_registry.attr_path import read_path
 from liger_registry.registry.applier import patched
 from liger_registry.registry.loader import Registry
+from liger_registry.scaffold.draft import first_line, merged, single_family_registry
 from liger_registry.schemas import FamilyEntry
 from liger_registry.schemas.family import HEAD_CONFIG_ATTRS
 
@@ -118,16 +119,6 @@ def read(config: Any, path: str) -> Any:
     return config
 
 
-def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def changed_values(attr: str, value: Any) -> list[Any]:
     if isinstance(value, bool):
         return [not value]
@@ -153,7 +144,6 @@ def _loss(model, batch: dict, moe: bool) -> float:
 def _losses(entry: FamilyEntry, base: Registry | None, tiny: dict[str, Any]) -> tuple[float, float | str]:
     """(unpatched, patched) training losses of the entry's tiny model built from `tiny`; the patched one is the
     error's text where the patched model raised (the unpatched one's error propagates)."""
-    from liger_registry.scaffold.draft import first_line, single_family_registry
     from liger_registry.testing import tiny_batch, tiny_model
 
     changed = entry.model_copy(update={"tiny_config": tiny})
@@ -178,7 +168,6 @@ def _rel(a: float, b: float) -> float:
 def _pin(check: PerturbationCheck, entry, base, config, attr: str, named: bool) -> None:
     """Change `attr` until the unpatched loss moves (an attribute the entry reads; another knob gets the first
     value the model runs with); record where the patched loss does not move alike."""
-    from liger_registry.scaffold.draft import first_line
 
     base_want, base_got = check.base
     current = read(config, attr)
@@ -216,7 +205,6 @@ def perturbation_check(
 ) -> PerturbationCheck:
     """Each attribute the entry reads and each knob of its tiny config, changed one at a time (see the module).
     `losses`: the (unpatched, patched) losses of the unchanged tiny config, where a parity run has them."""
-    from liger_registry.scaffold.draft import single_family_registry
     from liger_registry.testing import tiny_config
 
     check = PerturbationCheck()
