@@ -14,7 +14,7 @@ from liger_registry.attr_path import text_config
 from liger_registry.registry.configure import configure
 from liger_registry.registry.loader import Registry
 from liger_registry.registry.report import config_table, table
-from liger_registry.registry.resolve import BUDGET, ResolvedConfig
+from liger_registry.registry.resolve import BUDGET, ResolvedConfig, not_applied_line
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Explanation:
             files = self.config.policy_files
             named = [f"{p} ({files[p]})" if p in files else p for p in self.config.policies]
             lines.append(f"policies: {', '.join(named)}")
+        if left_out := not_applied_line(self.config):
+            lines.append(left_out)
         lines.append(config_table(self.config))
         reasons = [(k, s.reason) for k, s in entry.kernels if s is not None and s.reason]
         reasons += [("flce", entry.flce.reason)] if entry.flce.reason else []
