@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from liger_registry.registry.record import LOCK, RECORD
 from liger_registry.registry.report import PatchReport
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import version_problem
+
+logger = logging.getLogger(__name__)
 
 
 def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
@@ -125,10 +128,21 @@ def _decide_backends(report: PatchReport, model: Any) -> None:
 
 
 def revert(model_or_model_type: nn.Module | str) -> bool:
-    """Take back what apply() installed on this model (or model type or family); False when nothing was patched."""
+    """Take back what apply() installed on this model (or model type or family); False when nothing was patched.
+
+    A model whose classes a class-wide patch runs (`apply("llama")`, or the reference-style
+    `apply_liger_kernel_to_llama()`) has that patch taken back: the only way to unpatch it, and it unpatches every
+    model of those classes (a logged WARNING says so)."""
     handle = patch_handle(model_or_model_type)
     if handle is None:
         return False
+    if handle.report.scope == "class-wide" and not isinstance(model_or_model_type, str):
+        logger.warning(
+            "revert(model): the model runs the class-wide patch of family %r (apply(%r)); reverting it "
+            "unpatches every model of its classes",
+            handle.report.family,
+            handle.report.family,
+        )
     handle.revert()
     return True
 
@@ -152,8 +166,12 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
 
 
 def patch_handle(model_or_model_type: nn.Module | str) -> PatchHandle | None:
-    """The active handle of a model, or of a class-wide patch by family name or model type; None when unpatched."""
+    """The active handle of a model, or of a class-wide patch by family name or model type; None when unpatched.
+
+    A model without a patch of its own whose model type is patched class-wide (before or after it was built: the
+    classes run the kernels) gets that class-wide handle."""
     with LOCK:
         if isinstance(model_or_model_type, str):
             return RECORD.family_handle(model_or_model_type)
-        return RECORD.models.get(unwrap_model(model_or_model_type))
+        model = unwrap_model(model_or_model_type)
+        return RECORD.models.get(model) or RECORD.class_wide_handle(model)
