@@ -3,6 +3,7 @@ when the patch agrees with every knob the config (or the integration's own optio
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from liger_registry.registry.errors import PatchError, UnsupportedModelError
 from liger_registry.registry.resolve import Layer, ResolvedConfig
 from liger_registry.registry.trl_head import trl_fused_head
 from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS
+
+logger = logging.getLogger(__name__)
 
 ASKED_LAYERS = (Layer.USER_POLICY, Layer.OVERRIDE)  # what the caller names
 FLCE_ENABLED = OVERRIDE_PATHS["fused_linear_cross_entropy"]
@@ -70,6 +73,15 @@ def apply_liger_kernel_config(
     wanted = {**from_config, **overrides}
     if existing is None:
         handle = apply(inner, policy=policy, strict=strict, **wanted)
+        if handle is not None:
+            asked = ", ".join(f"{k}={v!r}" for k, v in wanted.items())
+            logger.info(
+                "%s: patched family %s (%s)%s",
+                source,
+                handle.report.family,
+                type(inner).__name__,
+                f" with {asked}" if asked else "",
+            )
         return handle, handle is not None
     if differences := _differences(inner, existing, configure(inner, policy, **wanted), config):
         raise PatchError(
@@ -79,4 +91,5 @@ def apply_liger_kernel_config(
             + "\nRevert the patch first (liger_registry.revert(model)) to apply this configuration, "
             "or leave these keys out of it."
         )
+    logger.info("%s: %s keeps its patch (family %s)", source, type(inner).__name__, existing.report.family)
     return existing, False

@@ -35,6 +35,7 @@ def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
         )
     for problem in problems:
         warnings.warn(f"liger_registry: {problem}", stacklevel=4)
+        logger.warning("apply: family %s: strict=False, left out: %s", family, problem)
     return problems
 
 
@@ -42,9 +43,17 @@ def _existing(key: Any, config: ResolvedConfig) -> PatchHandle | None:
     handle = RECORD.families.get(key) if isinstance(key, str) else RECORD.models.get(key)
     if handle is None:
         return None
-    if handle.report.config.values != config.values:
+    have, asked = handle.report.config.values, config.values
+    if have != asked:
+        differences = [
+            f"{knob}: patched {have.get(knob)!r}, asked {asked.get(knob)!r}"
+            for knob in dict.fromkeys([*have, *asked])
+            if have.get(knob) != asked.get(knob)
+        ]
         raise PatchError(
-            f"already patched with other options ({handle.report.family}); call revert() first to re-apply"
+            f"liger_registry: already patched with other options (family {handle.report.family!r}):\n"
+            + "\n".join(f"  - {d}" for d in differences)
+            + "\ncall revert() first to re-apply"
         )
     return handle
 
@@ -76,6 +85,7 @@ def _apply(
         if strict:
             raise
         warnings.warn(f"liger_registry: {exc} strict=False: left unpatched.", stacklevel=4)
+        logger.warning("apply: strict=False: left unpatched: %s", exc)
         return None
     is_type = isinstance(model_or_model_type, str)
     model = None if is_type else unwrap_model(model_or_model_type)
@@ -115,7 +125,38 @@ def _apply(
         RECORD.families[key] = handle
     else:
         RECORD.models[key] = handle
+    log_applied(handle.report)
     return handle
+
+
+def _backend_text(report: PatchReport) -> str:
+    if not report.backends:
+        return "per call, by the tensors' device"
+    by_backend: dict[str, list[str]] = {}
+    for choice in report.backends:
+        by_backend.setdefault(choice.backend, []).append(choice.kernel)
+    return f"on {report.backends_for}: " + "; ".join(f"{b} ({', '.join(k)})" for b, k in by_backend.items())
+
+
+def log_applied(report: PatchReport) -> None:
+    """One INFO line per apply (family, kernels, backend); a WARNING per switch it skipped and per kernel that
+    falls back from Triton on a CUDA model."""
+    kernels = ", ".join(f"{k} x{n}" for k, n in report.counts().items()) or "nothing"
+    logger.info(
+        "apply: family %s (%s): %s; backend %s", report.family, report.scope, kernels, _backend_text(report)
+    )
+    for switch, note in report.config.noops.items():
+        logger.warning("apply: family %s: switch %s skipped: %s", report.family, switch, note)
+    if report.backends_for.startswith("cuda"):
+        for choice in (c for c in report.backends if c.backend != "triton"):
+            logger.warning(
+                "apply: family %s: %s falls back to %s on %s: %s",
+                report.family,
+                choice.kernel,
+                choice.backend,
+                report.backends_for,
+                choice.why(),
+            )
 
 
 def _decide_backends(report: PatchReport, model: Any) -> None:
