@@ -79,7 +79,7 @@ class EntryPoint:
 
     def kinds_of(self, switch: str) -> tuple[str, ...]:
         """Our kernel kinds the reference's `switch` patches on this type."""
-        return dict(self.kinds).get(switch, SWITCH_KINDS[switch])
+        return dict(self.kinds).get(switch, SWITCH_KINDS.get(switch, (switch,)))
 
     @property
     def function_name(self) -> str:
@@ -177,6 +177,12 @@ BY_MODEL_TYPE: dict[str, EntryPoint] = {t: e for e in ENTRY_POINTS for t in e.ty
 SWITCHES: tuple[str, ...] = tuple(dict.fromkeys(s for e in ENTRY_POINTS for s in e.switches))
 
 
+def kinds_for(model_type: str, switch: str) -> tuple[str, ...]:
+    """Our kernel kinds the reference's `switch` patches on `model_type` (SWITCH_KINDS for a type it lacks)."""
+    entry = BY_MODEL_TYPE.get(model_type)
+    return entry.kinds_of(switch) if entry else SWITCH_KINDS.get(switch, (switch,))
+
+
 def _unexpected(function: str, names: list[str], allowed: tuple[str, ...]) -> TypeError:
     return TypeError(
         f"{function}() got unexpected keyword argument(s) {', '.join(map(repr, names))}; "
@@ -193,7 +199,7 @@ def check_switches(function: str, switches: dict[str, Any], allowed: tuple[str, 
 
 
 def _nothing_for(entry: EntryPoint | None, family: Any, switch: str) -> str:
-    kinds = entry.kinds_of(switch) if entry else SWITCH_KINDS[switch]
+    kinds = entry.kinds_of(switch) if entry else SWITCH_KINDS.get(switch, (switch,))
     if not kinds:
         return f"the reference patches nothing with it on {entry.name}"
     return "; ".join(switch_on_problem(family, kind) for kind in kinds)
@@ -206,7 +212,7 @@ def to_overrides(function: str, entry: EntryPoint | None, model_type: str, switc
     family = liger_registry.load_registry().family_for(model_type).entry
     overrides: dict[str, Any] = {}
     for switch, value in switches.items():
-        kinds = entry.kinds_of(switch) if entry else SWITCH_KINDS[switch]
+        kinds = entry.kinds_of(switch) if entry else SWITCH_KINDS.get(switch, (switch,))
         ours = [kind for kind in kinds if lacks(family, kind) is None]
         if ours:
             overrides.update(dict.fromkeys(ours, value))

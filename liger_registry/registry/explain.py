@@ -207,7 +207,7 @@ def _named_device(plan):
 
     from liger_registry.kernels.flce.cost import DEFAULT_PEAKS, PEAKS
 
-    if plan.device != DEFAULT_PEAKS.name:
+    if getattr(plan, "device", None) != DEFAULT_PEAKS.name:
         return plan
     why = (
         f"{torch.cuda.get_device_name()} is not in the cost table"
