@@ -219,7 +219,8 @@ def test_a_kernel_asked_on_that_the_patch_has_off_is_refused(tmp_path, route):
 def test_a_config_that_agrees_with_the_patch_keeps_it(tmp_path):
     """Keys the config names must agree; keys it leaves out keep the patch's values (applied with options)."""
     model = tiny_model("llama")
-    handle = L.apply(model, rms_norm=False, chunk_mem_const=4)
+    # the config's rms_norm=False is the reference's: every RMSNorm, the fused add + norm too
+    handle = L.apply(model, rms_norm=False, add_rms_norm=False, chunk_mem_const=4)
     config = {"rms_norm": False, "swiglu": True}
     callback = LigerRegistryCallback(liger_kernel_config=config)
     Trainer(model=model, args=args(tmp_path), train_dataset=rows(model), callbacks=[callback])
