@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import yaml
 
@@ -20,6 +21,7 @@ from liger_registry.registry import (
     explain,
     load_registry,
 )
+from liger_registry.registry.errors import suggest
 from liger_registry.registry.explain import DTYPES, gpu_name, parse_device
 from liger_registry.schemas import FamilyEntry, PolicyFile
 from liger_registry.usage import UsageError
@@ -244,7 +246,20 @@ def _show(args) -> int:
     return 0
 
 
+def _check_policies(names: list[str], registry) -> None:
+    """Each --policy names a file or a registry policy, else a usage error (as an unknown model type is)."""
+    known = sorted(p.policy.policy for p in registry.policies)
+    for name in names:
+        if not Path(name).is_file() and registry.named_policy(name) is None:
+            raise UsageError(
+                f"argument --policy: no policy file or registry policy named {name!r}{suggest(name, known)}; "
+                f"named: {', '.join(known)}"
+            )
+
+
 def _explain(args) -> int:
+    registry = load_registry(*args.registry)
+    _check_policies(args.policy or [], registry)
     explanation = explain(
         args.model_type,
         policy=args.policy,
@@ -254,7 +269,7 @@ def _explain(args) -> int:
         hidden=args.hidden,
         vocab=args.vocab,
         gpu=args.gpu,
-        registry=load_registry(*args.registry) if args.registry else None,
+        registry=registry,
     )
     print(explanation)
     return 0
@@ -339,10 +354,11 @@ def _run(args) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return BROKEN_PIPE
-    except UsageError as exc:
+    except (UsageError, UnsupportedModelError) as exc:
+        # an unknown family or model type can only come from the command line: a usage error like `show`'s
         print(f"liger-registry {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (RegistryError, UnsupportedModelError) as exc:
+    except RegistryError as exc:
         print(f"liger-registry: {exc}", file=sys.stderr)
         return 1
 

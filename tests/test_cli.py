@@ -146,7 +146,7 @@ MINE = (
 
 def test_explain_and_show_read_registry_directories(tmp_path, capsys):
     (tmp_path / "mine.yaml").write_text(MINE)
-    assert cli.main(["explain", "mine"]) == 1
+    assert cli.main(["explain", "mine"]) == 2
     assert "no liger_registry family serves model_type 'mine'" in capsys.readouterr().err
     assert cli.main(["explain", "mine", "--registry", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -321,3 +321,32 @@ def test_show_an_unknown_family_suggests_and_points_to_list(capsys):
 def test_usage_errors_of_argparse_are_one_line(capsys):
     line = _usage_error(capsys, ["demo", "--steps", "0"])
     assert line == "liger-registry demo: error: argument --steps: must be at least 1, got 0 (see --help)"
+
+
+def test_explain_without_a_gpu_names_the_gpu_its_time_assumes(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["explain", "llama", "--tokens", "8192"]) == 0
+    plan = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("FLCE plan"))
+    assert " on default" not in plan
+    assumed = (
+        "a generic GPU (300 TFLOP/s, 2.0 TB/s; no CUDA device here; gpu=/--gpu names one: H200, H100, A100)"
+    )
+    assert f" ms on {assumed} (" in plan
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["explain", "lama"], "no liger_registry family serves model_type 'lama'. Did you mean 'llama'?"),
+        (
+            ["lint", "--family", "lama"],
+            "no liger_registry family serves model_type 'lama'. Did you mean 'llama'?",
+        ),
+        (["explain", "llama", "--policy", "nosuch"], "no policy file or registry policy named 'nosuch'"),
+    ],
+)
+def test_every_unknown_name_on_the_command_line_is_a_usage_error(capsys, argv, says):
+    line = _usage_error(capsys, argv)
+    assert line.startswith(f"liger-registry {argv[0]}: error: ") and says in line

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,24 +211,108 @@ def _overrides(handle) -> dict[str, object]:
     }
 
 
+# llama's rms_norm switch patches every RMSNorm, the post-attention one too, which our add_rms_norm computes
+NORMS_OFF = {"rms_norm": False, "add_rms_norm": False}
+
+
 @pytest.mark.parametrize(
-    "switches",
+    "switches, overrides",
     [
-        {"rope": False},
-        {"rms_norm": False, "swiglu": False},
-        {"fused_linear_cross_entropy": False},
-        {"rope": True, "rms_norm": True},
+        ({"rope": False}, {"rope": False}),
+        ({"rms_norm": False, "swiglu": False}, {**NORMS_OFF, "swiglu": False}),
+        ({"fused_linear_cross_entropy": False}, {"fused_linear_cross_entropy": False}),
+        ({"rope": True, "rms_norm": True}, {"rope": True, "rms_norm": True, "add_rms_norm": True}),
     ],
 )
-def test_each_switch_passed_is_an_override_of_apply(llama, switches):
+def test_each_switch_passed_is_an_override_of_apply(llama, switches, overrides):
     handle = compat.apply_liger_kernel_to_llama(model=llama, **switches)
     assert handle is liger_registry.patch_handle(llama)
-    assert _overrides(handle) == switches
+    assert _overrides(handle) == overrides
     installed = {
         **handle.report.counts(),
         "fused_linear_cross_entropy": handle.report.config.values["flce.enabled"],
     }
-    assert {kernel: bool(installed.get(kernel)) for kernel in switches} == switches
+    assert {kernel: bool(installed.get(kernel)) for kernel in overrides} == overrides
+
+
+# What the reference's switch patches on the type (its monkey_patch.py), as our kinds.
+@pytest.mark.parametrize(
+    "model_type, switches, overrides",
+    [
+        # apply_liger_kernel_to_qwen3_moe: swiglu swaps Qwen3MoeExperts for the fused experts
+        ("qwen3_moe", {"swiglu": True}, {"moe_experts": True}),
+        ("qwen3_moe", {"swiglu": False}, {"moe_experts": False}),
+        # apply_liger_kernel_to_mixtral: swiglu swaps MixtralExperts; rms_norm every MixtralRMSNorm
+        ("mixtral", {"swiglu": False, "rms_norm": False}, {"moe_experts": False, **NORMS_OFF}),
+    ],
+)
+def test_a_switch_means_what_the_reference_patches_with_it_on_the_type(model_type, switches, overrides):
+    model = tiny_model(model_type)
+    handle = getattr(compat, f"apply_liger_kernel_to_{model_type}")(model=model, **switches)
+    try:
+        assert _overrides(handle) == overrides
+        counts = handle.report.counts()
+        assert {kind: bool(counts.get(kind)) for kind in overrides} == overrides
+    finally:
+        handle.revert()
+
+
+def test_a_switch_that_maps_to_nothing_the_family_has_is_a_logged_warning(caplog):
+    """The reference accepts swiglu for gpt_oss and patches nothing with it (its experts' SwiGLU is clamped)."""
+    model = tiny_model("gpt_oss")
+    with caplog.at_level(logging.WARNING, logger="liger_registry"):
+        handle = compat.apply_liger_kernel_to_gpt_oss(swiglu=True, model=model)
+    try:
+        assert _overrides(handle) == {}
+        assert handle.report.counts()["moe_experts"]  # the family entry's choice stands
+    finally:
+        handle.revert()
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert record.name == "liger_registry.compat.entry_points"
+    assert record.getMessage() == (
+        "apply_liger_kernel_to_gpt_oss: swiglu=True installs nothing on family 'gpt_oss': "
+        "the reference patches nothing with it on gpt_oss"
+    )
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_no_switch_a_reference_function_takes_raises(value):
+    """Every switch of every function we serve, all on and all off: it resolves (explain) on its model types."""
+    from liger_registry.compat.entry_points import ENTRY_POINTS, to_overrides
+
+    registry = liger_registry.load_registry()
+    for entry in ENTRY_POINTS:
+        for model_type in [t for t in entry.types if t in registry.by_model_type]:
+            switches = dict.fromkeys(entry.switches, value)
+            overrides = to_overrides(entry.function_name, entry, model_type, switches)
+            liger_registry.explain(model_type, registry=registry, **overrides)
+
+
+def test_the_switch_table_names_only_our_kinds():
+    from liger_registry.compat.entry_points import ENTRY_POINTS, SWITCH_KINDS, SWITCHES
+
+    assert set(SWITCH_KINDS) == set(SWITCHES)
+    for entry in ENTRY_POINTS:
+        for switch in entry.switches:
+            assert set(entry.kinds_of(switch)) <= set(OVERRIDE_PATHS), (entry.name, switch)
+
+
+def test_the_class_wide_form_is_seen_by_patch_handle_revert_and_the_report(caplog):
+    from transformers.models.llama import modeling_llama as ml
+
+    forward = ml.LlamaForCausalLM.forward
+    handle = compat.apply_liger_kernel_to_llama()
+    try:
+        model = tiny_model("llama")
+        assert liger_registry.patch_handle(model) is handle
+        assert "family llama (class-wide)" in str(liger_registry.patch_handle(model).report)
+        with caplog.at_level(logging.WARNING, logger="liger_registry"):
+            assert liger_registry.revert(model) is True
+        assert "class-wide patch of family 'llama'" in caplog.text
+        assert liger_registry.patch_handle(model) is None and not handle.active
+        assert ml.LlamaForCausalLM.forward is forward
+    finally:
+        handle.revert()
 
 
 def test_positional_arguments_bind_in_the_documented_order(llama):
@@ -250,11 +339,19 @@ def test_a_kernel_the_family_lacks_switched_off_is_accepted(llama):
     assert _overrides(handle)["rms_norm"] is False
 
 
+def test_the_generic_form_ignores_a_switch_the_type_does_not_take_with_a_warning(llama, caplog):
+    """The reference's `_apply_liger_kernel_to_instance` drops it too (one liger_kernel_config serves every type)."""
+    with caplog.at_level(logging.WARNING, logger="liger_registry"):
+        handle = compat.apply_liger_kernel_to(llama, geglu=False, rope=False)
+    assert _overrides(handle) == {"rope": False}
+    assert "geglu=False is not a switch of apply_liger_kernel_to_llama" in caplog.text
+
+
 def test_unknown_keyword_is_an_error_and_nothing_is_patched(llama):
     with pytest.raises(TypeError, match="geglu"):
         compat.apply_liger_kernel_to_llama(model=llama, geglu=False)
-    with pytest.raises(TypeError, match="'geglu'.*rope, cross_entropy"):
-        compat.apply_liger_kernel_to(llama, geglu=False)
+    with pytest.raises(TypeError, match="'rms_nrom'.*rope, cross_entropy"):
+        compat.apply_liger_kernel_to(llama, rms_nrom=False)
     with pytest.raises(TypeError, match="chunk_mem_const"):
         compat.apply_liger_kernel_to(llama, chunk_mem_const=8)
     with pytest.raises(TypeError, match="rms_nrom"):
@@ -268,7 +365,7 @@ def test_the_reference_generic_names_take_a_liger_kernel_config(llama):
     assert _overrides(handle) == {"rope": False, "swiglu": False}
     class_wide = compat._apply_liger_kernel("qwen2", rms_norm=False)
     try:
-        assert class_wide.report.scope == "class-wide" and _overrides(class_wide) == {"rms_norm": False}
+        assert class_wide.report.scope == "class-wide" and _overrides(class_wide) == NORMS_OFF
     finally:
         class_wide.revert()
 
@@ -307,7 +404,7 @@ def test_after_the_class_wide_form_an_instance_cannot_switch_a_kernel_off():
     try:
         with pytest.raises(liger_registry.PatchError, match=r"rms_norm=off.*apply\('llama'\)"):
             compat.apply_liger_kernel_to_llama(model=model, rms_norm=False)
-        assert liger_registry.patch_handle(model) is None
+        assert liger_registry.patch_handle(model) is handle  # the class-wide patch, no instance patch
     finally:
         handle.revert()
 
@@ -615,6 +712,33 @@ def test_switches_a_function_forwards_reach_apply_class_wide():
     handle = compat.apply_liger_kernel_to_llava(rms_norm=False, fused_linear_cross_entropy=False)
     try:
         assert handle.report.family == "llava" and handle.report.scope == "class-wide"
+        # llava's entry has no add_rms_norm
         assert _overrides(handle) == {"rms_norm": False, "fused_linear_cross_entropy": False}
     finally:
         handle.revert()
+
+
+def _readme_section(title: str) -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = readme.index(f"## {title}\n")
+    end = readme.find("\n## ", start + 1)
+    return readme[start : end if end > 0 else None]
+
+
+def test_the_readme_section_starts_with_a_before_after_snippet_that_runs(tmp_path):
+    """As tests/test_docs.py runs the docs' snippets: on its own, in a fresh interpreter, offline."""
+    section = _readme_section("Coming from liger-kernel")
+    body = section.split("\n", 1)[1].lstrip("\n")
+    assert body.startswith("```python\n"), "the section opens with the snippet"
+    code = body.removeprefix("```python\n").split("\n```")[0]
+    assert "# before: from liger_kernel" in code and "from liger_registry.compat import" in code
+    script = tmp_path / "snippet.py"
+    script.write_text(code, encoding="utf-8")
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": root}
+    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "family llama (instance)" in done.stdout

@@ -12,7 +12,9 @@ from typing import Any
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 import liger_registry
-from liger_registry.compat.entry_points import SWITCHES, switches_for
+from liger_registry.compat.entry_points import BY_MODEL_TYPE, SWITCHES, switches_for, to_overrides
+
+FUNCTION = "AutoLigerKernelForCausalLM"
 
 
 def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -24,9 +26,11 @@ def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _checked(model_type: str, switches: dict[str, Any]) -> dict[str, Any]:
-    """The switches, once the model type is known to be served and they are ones it takes (before loading)."""
+    """The `apply` overrides of the switches, once the model type is known to be served and they are ones it
+    takes (before loading)."""
     liger_registry.load_registry().family_for(model_type)  # UnsupportedModelError naming the served types
-    return switches_for(model_type, switches, "AutoLigerKernelForCausalLM")
+    switches = switches_for(model_type, switches, FUNCTION)
+    return to_overrides(FUNCTION, BY_MODEL_TYPE.get(model_type), model_type, switches)
 
 
 class AutoLigerKernelForCausalLM(AutoModelForCausalLM):

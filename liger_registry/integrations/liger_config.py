@@ -36,6 +36,19 @@ def _section(entry: Any, key: str) -> Any:
     return section
 
 
+def _as_kinds(config: dict[str, bool], model_type: str, entry: Any) -> dict[str, bool]:
+    """Each key as the kinds the reference's switch patches on the type (compat's table: rms_norm also the fused
+    add + norm, qwen3_moe's swiglu the experts), those the family has; a key mapping to none stays itself, for
+    the rules below (off: a no-op, on: ignored with a warning)."""
+    from liger_registry.compat.entry_points import kinds_for
+
+    out: dict[str, bool] = {}
+    for key, value in config.items():
+        ours = [kind for kind in kinds_for(model_type, key) if lacks(entry, kind) is None]
+        out.update(dict.fromkeys(ours or [key], value))
+    return out
+
+
 def _knob_problems(knobs: dict[str, Any]) -> list[str]:
     try:
         Overrides.model_validate(knobs)
@@ -57,8 +70,10 @@ def overrides_from_liger_kernel_config(
     what it has (one TrainingArguments config serves every model; `apply(model, layer_norm=True)` is an error).
     `True` means "use it where the family supports it" (liger's default): it changes nothing for a kernel that
     is on, switches on an opt-in one that is off by default (cross_entropy), and keeps a kernel the family entry
-    turns off off, with a warning saying why. Knobs pass through as overrides. Pass `model_type` to have the
-    family checked; without it the values map one to one.
+    turns off off, with a warning saying why. Each key means what the reference's switch patches on the model type
+    (the table of `liger_registry.compat`: `rms_norm` also the fused add + norm, the MoE types' `swiglu` also
+    `moe_experts`). Knobs pass through as overrides. Pass `model_type` to have the family checked; without it the
+    values map one to one.
     """
     config = dict(config or {})
     allowed = (*LIGER_KEYS, *LIGER_KNOBS)
@@ -76,6 +91,7 @@ def overrides_from_liger_kernel_config(
     if model_type is None:
         return {**{k: v for k, v in config.items() if v is False}, **knobs}
     entry = (registry or load_registry()).family_for(model_type).entry
+    config = _as_kinds(config, model_type, entry)
     if dropped := [k for k, v in config.items() if v and lacks(entry, k)]:
         # One TrainingArguments config serves every model it trains (liger-kernel drops such keys silently).
         warnings.warn(

@@ -3,6 +3,7 @@ when the patch agrees with every knob the config (or the integration's own optio
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,21 +16,30 @@ from liger_registry.registry.resolve import Layer, ResolvedConfig
 from liger_registry.registry.trl_head import trl_fused_head
 from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS
 
+logger = logging.getLogger(__name__)
+
 ASKED_LAYERS = (Layer.USER_POLICY, Layer.OVERRIDE)  # what the caller names
 FLCE_ENABLED = OVERRIDE_PATHS["fused_linear_cross_entropy"]
 
 
-def _named(wanted: ResolvedConfig, config: Mapping[str, Any]) -> list[str]:
+def _named(wanted: ResolvedConfig, config: Mapping[str, Any], model_type: str) -> list[str]:
     """The knobs the caller names: set by its policy or overrides, and the kernels its config switches on
-    (`True` asks for the family's kernel, which the overrides do not carry)."""
+    (`True` asks for the family's kernels that the reference's switch patches, which the overrides do not carry)."""
+    from liger_registry.compat.entry_points import kinds_for
+
     named = [knob for knob, source in wanted.provenance.items() if source.layer in ASKED_LAYERS]
-    switched_on = [OVERRIDE_PATHS[k] for k, v in config.items() if k in LIGER_KEYS and v is True]
-    return [*named, *(k for k in switched_on if k in wanted.values and k not in named)]
+    switched_on = [
+        OVERRIDE_PATHS[kind]
+        for k, v in config.items()
+        if k in LIGER_KEYS and v is True
+        for kind in kinds_for(model_type, k)
+    ]
+    return [*named, *(k for k in dict.fromkeys(switched_on) if k in wanted.values and k not in named)]
 
 
 def _differences(model: Any, existing: PatchHandle, wanted: ResolvedConfig, config: Mapping) -> list[str]:
     have = existing.report.config.values
-    knobs = _named(wanted, config)
+    knobs = _named(wanted, config, model_type_of(model))
     if trl_fused_head(model) is not None:
         # TRL asks fused_linear_cross_entropy=False to keep its fused LM head on top; it is on top (it wraps the
         # patch), so it computes the training loss either way
@@ -70,6 +80,15 @@ def apply_liger_kernel_config(
     wanted = {**from_config, **overrides}
     if existing is None:
         handle = apply(inner, policy=policy, strict=strict, **wanted)
+        if handle is not None:
+            asked = ", ".join(f"{k}={v!r}" for k, v in wanted.items())
+            logger.info(
+                "%s: patched family %s (%s)%s",
+                source,
+                handle.report.family,
+                type(inner).__name__,
+                f" with {asked}" if asked else "",
+            )
         return handle, handle is not None
     if differences := _differences(inner, existing, configure(inner, policy, **wanted), config):
         raise PatchError(
@@ -79,4 +98,5 @@ def apply_liger_kernel_config(
             + "\nRevert the patch first (liger_registry.revert(model)) to apply this configuration, "
             "or leave these keys out of it."
         )
+    logger.info("%s: %s keeps its patch (family %s)", source, type(inner).__name__, existing.report.family)
     return existing, False

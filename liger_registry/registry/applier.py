@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from liger_registry.registry.report import PatchReport
 from liger_registry.registry.resolve import ResolvedConfig
 from liger_registry.registry.targets import version_problem
 
+logger = logging.getLogger(__name__)
+
 
 def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
     if problems and strict:
@@ -32,6 +35,7 @@ def _complain(problems: list[str], strict: bool, family: str) -> list[str]:
         )
     for problem in problems:
         warnings.warn(f"liger_registry: {problem}", stacklevel=4)
+        logger.warning("apply: family %s: strict=False, left out: %s", family, problem)
     return problems
 
 
@@ -39,9 +43,17 @@ def _existing(key: Any, config: ResolvedConfig) -> PatchHandle | None:
     handle = RECORD.families.get(key) if isinstance(key, str) else RECORD.models.get(key)
     if handle is None:
         return None
-    if handle.report.config.values != config.values:
+    have, asked = handle.report.config.values, config.values
+    if have != asked:
+        differences = [
+            f"{knob}: patched {have.get(knob)!r}, asked {asked.get(knob)!r}"
+            for knob in dict.fromkeys([*have, *asked])
+            if have.get(knob) != asked.get(knob)
+        ]
         raise PatchError(
-            f"already patched with other options ({handle.report.family}); call revert() first to re-apply"
+            f"liger_registry: already patched with other options (family {handle.report.family!r}):\n"
+            + "\n".join(f"  - {d}" for d in differences)
+            + "\ncall revert() first to re-apply"
         )
     return handle
 
@@ -73,6 +85,7 @@ def _apply(
         if strict:
             raise
         warnings.warn(f"liger_registry: {exc} strict=False: left unpatched.", stacklevel=4)
+        logger.warning("apply: strict=False: left unpatched: %s", exc)
         return None
     is_type = isinstance(model_or_model_type, str)
     model = None if is_type else unwrap_model(model_or_model_type)
@@ -112,7 +125,38 @@ def _apply(
         RECORD.families[key] = handle
     else:
         RECORD.models[key] = handle
+    log_applied(handle.report)
     return handle
+
+
+def _backend_text(report: PatchReport) -> str:
+    if not report.backends:
+        return "per call, by the tensors' device"
+    by_backend: dict[str, list[str]] = {}
+    for choice in report.backends:
+        by_backend.setdefault(choice.backend, []).append(choice.kernel)
+    return f"on {report.backends_for}: " + "; ".join(f"{b} ({', '.join(k)})" for b, k in by_backend.items())
+
+
+def log_applied(report: PatchReport) -> None:
+    """One INFO line per apply (family, kernels, backend); a WARNING per switch it skipped and per kernel that
+    falls back from Triton on a CUDA model."""
+    kernels = ", ".join(f"{k} x{n}" for k, n in report.counts().items()) or "nothing"
+    logger.info(
+        "apply: family %s (%s): %s; backend %s", report.family, report.scope, kernels, _backend_text(report)
+    )
+    for switch, note in report.config.noops.items():
+        logger.warning("apply: family %s: switch %s skipped: %s", report.family, switch, note)
+    if report.backends_for.startswith("cuda"):
+        for choice in (c for c in report.backends if c.backend != "triton"):
+            logger.warning(
+                "apply: family %s: %s falls back to %s on %s: %s",
+                report.family,
+                choice.kernel,
+                choice.backend,
+                report.backends_for,
+                choice.why(),
+            )
 
 
 def _decide_backends(report: PatchReport, model: Any) -> None:
@@ -125,10 +169,21 @@ def _decide_backends(report: PatchReport, model: Any) -> None:
 
 
 def revert(model_or_model_type: nn.Module | str) -> bool:
-    """Take back what apply() installed on this model (or model type or family); False when nothing was patched."""
+    """Take back what apply() installed on this model (or model type or family); False when nothing was patched.
+
+    A model whose classes a class-wide patch runs (`apply("llama")`, or the reference-style
+    `apply_liger_kernel_to_llama()`) has that patch taken back: the only way to unpatch it, and it unpatches every
+    model of those classes (a logged WARNING says so)."""
     handle = patch_handle(model_or_model_type)
     if handle is None:
         return False
+    if handle.report.scope == "class-wide" and not isinstance(model_or_model_type, str):
+        logger.warning(
+            "revert(model): the model runs the class-wide patch of family %r (apply(%r)); reverting it "
+            "unpatches every model of its classes",
+            handle.report.family,
+            handle.report.family,
+        )
     handle.revert()
     return True
 
@@ -152,8 +207,12 @@ def patched(model_or_model_type: nn.Module | str, **kwargs: Any):
 
 
 def patch_handle(model_or_model_type: nn.Module | str) -> PatchHandle | None:
-    """The active handle of a model, or of a class-wide patch by family name or model type; None when unpatched."""
+    """The active handle of a model, or of a class-wide patch by family name or model type; None when unpatched.
+
+    A model without a patch of its own whose model type is patched class-wide (before or after it was built: the
+    classes run the kernels) gets that class-wide handle."""
     with LOCK:
         if isinstance(model_or_model_type, str):
             return RECORD.family_handle(model_or_model_type)
-        return RECORD.models.get(unwrap_model(model_or_model_type))
+        model = unwrap_model(model_or_model_type)
+        return RECORD.models.get(model) or RECORD.class_wide_handle(model)

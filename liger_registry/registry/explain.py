@@ -14,7 +14,7 @@ from liger_registry.attr_path import text_config
 from liger_registry.registry.configure import configure
 from liger_registry.registry.loader import Registry
 from liger_registry.registry.report import config_table, table
-from liger_registry.registry.resolve import BUDGET, ResolvedConfig
+from liger_registry.registry.resolve import BUDGET, ResolvedConfig, not_applied_line
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Explanation:
             files = self.config.policy_files
             named = [f"{p} ({files[p]})" if p in files else p for p in self.config.policies]
             lines.append(f"policies: {', '.join(named)}")
+        if left_out := not_applied_line(self.config):
+            lines.append(left_out)
         lines.append(config_table(self.config))
         reasons = [(k, s.reason) for k, s in entry.kernels if s is not None and s.reason]
         reasons += [("flce", entry.flce.reason)] if entry.flce.reason else []
@@ -105,6 +107,7 @@ class Explanation:
         plan = self.plan()
         if plan is None:
             return f"FLCE plan for {self.tokens} tokens: none (fused linear cross entropy is off for this family)"
+        plan = _named_device(plan)
         hidden, vocab = self.shape()
         dtype = str(_dtype(self.dtype, "bfloat16")).removeprefix("torch.")
         knobs = [*BUDGET, "flce.strategy"]
@@ -193,6 +196,29 @@ def explain(
         if parameter is not None and device is None:
             device, dtype = parameter.device, dtype or parameter.dtype
     return Explanation(config, device, dtype, tokens, hidden, vocab, model_config, gpu)
+
+
+def _named_device(plan):
+    """The plan with its time labelled by the GPU it assumes: the cost table's generic row (no CUDA device and no
+    gpu named) is spelled out with its peaks, and how to name a GPU instead."""
+    import dataclasses
+
+    import torch
+
+    from liger_registry.kernels.flce.cost import DEFAULT_PEAKS, PEAKS
+
+    if getattr(plan, "device", None) != DEFAULT_PEAKS.name:
+        return plan
+    why = (
+        f"{torch.cuda.get_device_name()} is not in the cost table"
+        if torch.cuda.is_available()
+        else "no CUDA device here"
+    )
+    generic = (
+        f"a generic GPU ({DEFAULT_PEAKS.flops / 1e12:.0f} TFLOP/s, {DEFAULT_PEAKS.copy_bw / 1e12:.1f} TB/s; "
+        f"{why}; gpu=/--gpu names one: {', '.join(p.name for p in PEAKS)})"
+    )
+    return dataclasses.replace(plan, device=generic)
 
 
 def _chunks_text(plan) -> str:

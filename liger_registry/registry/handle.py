@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import types
 import warnings
 import weakref
@@ -12,6 +13,8 @@ from liger_registry.registry.plan import Planned
 from liger_registry.registry.record import LOCK, RECORD, Shared
 from liger_registry.registry.report import PatchReport, Replacement, _name
 from liger_registry.registry.switch import MISSING, SwitchState, make_switch, stale_switch
+
+logger = logging.getLogger(__name__)
 
 
 def _ref(obj: Any) -> Any:
@@ -140,8 +143,16 @@ class PatchHandle:
         installed under it then passes every call through to the original.
         """
         with LOCK:
+            restored, was_active = len(self._applied), self.active
             while self._applied:
                 self._uninstall(self._applied.pop())
+            if was_active:
+                logger.info(
+                    "revert: family %s (%s): %d replacement(s) restored",
+                    self.report.family,
+                    self.report.scope,
+                    restored,
+                )
             if isinstance(self._key, str):
                 if RECORD.families.get(self._key) is self:
                     del RECORD.families[self._key]

@@ -38,5 +38,19 @@ class PatchRecord:
             return self.families[name]
         return next((h for h in self.families.values() if name in h.report.config.entry.model_types), None)
 
+    def class_wide_handle(self, model: Any) -> Any:
+        """The class-wide handle whose patched classes the model's modules are (or subclass), None when none is:
+        by class, not model type, since a family of another name may patch these classes."""
+        if not self.families or not callable(getattr(model, "modules", None)):
+            return None
+        types = {type(module) for module in model.modules()}
+        for handle in self.families.values():
+            for applied in handle._applied:
+                owner = applied.owner()
+                if isinstance(owner, type) and applied.replacement.scope == "class":
+                    if any(issubclass(t, owner) for t in types):
+                        return handle
+        return None
+
 
 RECORD = PatchRecord()

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from liger_registry.registry.resolve import BUDGET, ResolvedConfig
+from liger_registry.registry.resolve import BUDGET, ResolvedConfig, not_applied_line
 
 
 def _name(obj: object) -> str:
@@ -98,6 +98,10 @@ class PatchReport:
         rows = [[k, s, str(n), self.backend(k), o, r] for (k, s, o, r), n in grouped.items()]
         rows += [[k, "skipped", "0", "-", reason, ""] for k, reason in self.skipped.items()]
         text = f"liger_registry: family {self.family} ({self.scope})\n"
+        if self.config.policies:
+            text += f"policies: {', '.join(self.config.policies)}\n"
+        if left_out := not_applied_line(self.config):
+            text += left_out + "\n"
         text += table(["kernel", "scope", "count", "backend", "replaced", "with"], rows)
         if any(r.kernel == "forward" for r in self.patched):
             text += "\n" + self.loss_line()

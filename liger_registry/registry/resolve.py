@@ -83,6 +83,9 @@ class ResolvedConfig:
     noops: dict[str, str] = field(
         default_factory=dict
     )  # switch the family lacks, turned off -> the report line
+    not_applied: dict[str, str] = field(
+        default_factory=dict
+    )  # registry policy the family does not get -> why (explain and the report list them)
 
     def source(self, knob: str) -> Source:
         return self.provenance[knob]
@@ -192,24 +195,54 @@ def resolve(
         applied.append(bundled.policy.policy)
         files[bundled.policy.policy] = f"{bundled.origin}: {bundled.path}"
     for user in _user_policies(registry, policy):
-        if user.policy.applies(entry.family):
-            problems += _layer(
-                values,
-                provenance,
-                _policy_updates(user),
-                Source(Layer.USER_POLICY, user.policy.policy, user.path),
-                entry,
-                noops,
+        if not user.policy.applies(entry.family):
+            # asked for by name or file: dropping it would leave the caller believing it is in force
+            problems.append(
+                f"policy {user.policy.policy!r} ({user.origin}: {user.path}) applies to "
+                f"{', '.join(user.policy.applies_to)}, not to family {entry.family!r}"
             )
-            applied.append(user.policy.policy)
-            files[user.policy.policy] = f"{user.origin}: {user.path}"
+            continue
+        problems += _layer(
+            values,
+            provenance,
+            _policy_updates(user),
+            Source(Layer.USER_POLICY, user.policy.policy, user.path),
+            entry,
+            noops,
+        )
+        applied.append(user.policy.policy)
+        files[user.policy.policy] = f"{user.origin}: {user.path}"
     overrides = validate_overrides(overrides or {})
     problems += _layer(values, provenance, overrides, Source(Layer.OVERRIDE, ""), entry, noops)
     if problems:
         raise RegistryError(f"cannot resolve family {entry.family!r}", problems)
     merged = {**entry.model_dump(exclude=set(KNOB_SECTIONS)), **unflatten(values)}
     resolved = FamilyEntry.model_validate(merged)
-    return ResolvedConfig(entry.family, resolved, loaded.path, provenance, values, applied, files, noops)
+    not_applied = _not_applied(registry, entry.family, applied)
+    return ResolvedConfig(
+        entry.family, resolved, loaded.path, provenance, values, applied, files, noops, not_applied
+    )
+
+
+def _not_applied(registry: Registry, family: str, applied: list[str]) -> dict[str, str]:
+    """The registry's policies this family does not get, each with why (another family's, or opt-in)."""
+    out = {}
+    for loaded in registry.policies:
+        policy = loaded.policy
+        if policy.policy in applied:
+            continue
+        if not policy.applies(family):
+            out[policy.policy] = f"applies to {', '.join(policy.applies_to)}"
+        else:
+            out[policy.policy] = f"opt-in: policy={policy.policy!r} applies it"
+    return out
+
+
+def not_applied_line(config: ResolvedConfig) -> str | None:
+    """The line of explain and of the apply report that lists the registry policies left out, or None."""
+    if not config.not_applied:
+        return None
+    return "policies not applied: " + ", ".join(f"{p} ({why})" for p, why in config.not_applied.items())
 
 
 def _user_policies(registry: Registry, policy: str | Path | list | None) -> list[LoadedPolicy]:

@@ -253,10 +253,11 @@ def format_errors(
     node: yaml.Node | None,
     left_out: list[tuple[str, ...]] = (),
 ) -> list[str]:
-    """file:line: field: message for each error, but those about keys left out of a file that did not parse."""
-    problems = []
+    """file:line: field: message for each field in error, but those about keys left out of a file that did not
+    parse. The errors of a union's members (one per member type) are one problem of the field, in plain words."""
+    problems: dict[str, list[str]] = {}
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = _field_loc(node, tuple(err["loc"]), err["type"])
         if any(_related(loc, keys) for keys in left_out):
             continue
         field = ".".join(str(p) for p in loc) or "(top level)"
@@ -271,8 +272,35 @@ def format_errors(
             message = f"{what}{suggest(str(loc[-1]), allowed)}; allowed: {', '.join(allowed)}"
         elif err["type"] == "literal_error":
             message = f"{message} (got {shorten(repr(err.get('input')))})"
-        problems.append(f"{path}{line}: {shorten(field, 120)}: {shorten(message, 4 * SHOWN)}")
-    return problems
+        problems.setdefault(f"{path}{line}: {shorten(field, 120)}", []).append(message)
+    return [f"{where}: {shorten(_either(messages), 4 * SHOWN)}" for where, messages in problems.items()]
+
+
+def _either(messages: list[str]) -> str:
+    """One message from those of a union's members: 'Input should be A or B'."""
+    first, *others = list(dict.fromkeys(messages))
+    return " or ".join([first, *(m.removeprefix("Input should be ") for m in others)])
+
+
+def _field_loc(node: yaml.Node | None, loc: tuple, kind: str) -> tuple:
+    """The error location without pydantic's labels of union members (`constrained-int`, `str`): a part that is
+    no key of the file there is such a label, except the last part of a missing field."""
+    if node is None:
+        return loc
+    kept = []
+    for i, key in enumerate(loc):
+        if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        elif isinstance(node, yaml.MappingNode) and (child := _child(node, key)) is not None:
+            node = child
+        elif not (kind == "missing" and i == len(loc) - 1):
+            continue
+        kept.append(key)
+    return tuple(kept)
+
+
+def _child(node: yaml.MappingNode, key: Any) -> yaml.Node | None:
+    return next((v for k, v in node.value if k.value == key), None)
 
 
 def validate_model(path: Path, model: type[M], parsed: ParsedYaml) -> M:

@@ -78,6 +78,7 @@ def test_token_scaling_reaches_the_loss():
 def test_glu_key_picks_the_familys_gated_mlp():
     assert overrides_from_axolotl(Cfg(liger_glu_activation=True), "gemma") == {
         "rms_norm": False,
+        "add_rms_norm": False,  # rms_norm is the reference switch: every RMSNorm
         "rope": False,
         "fused_linear_cross_entropy": False,
         "cross_entropy": False,

@@ -17,14 +17,23 @@ def test_false_turns_a_kernel_off_and_true_keeps_the_family_default():
     config = {"rope": True, "rms_norm": False, "swiglu": True, "fused_linear_cross_entropy": False}
     assert overrides_from_liger_kernel_config(config, "llama") == {
         "rms_norm": False,
+        "add_rms_norm": False,
         "fused_linear_cross_entropy": False,
     }
     model = tiny_model("llama")
     with L.patched(model, **overrides_from_liger_kernel_config(config, "llama")) as handle:
         # FLCE off: the forward stays installed (it owns skip_logits), computing the loss from logits
-        # add_rms_norm has no liger key: rms_norm=False leaves the fused add + norm on (README)
-        assert {r.kernel for r in handle.report.patched} == {"add_rms_norm", "rope", "swiglu", "forward"}
+        # rms_norm=False: every RMSNorm stays transformers', the post-attention one too (the fused add + norm)
+        assert {r.kernel for r in handle.report.patched} == {"rope", "swiglu", "forward"}
         assert "fused_linear_cross_entropy" in handle.report.skipped
+
+
+def test_a_key_means_what_the_reference_switch_patches_on_the_type():
+    """As the compat functions (one table): qwen3_moe's swiglu is the fused experts."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert overrides_from_liger_kernel_config({"swiglu": False}, "qwen3_moe") == {"moe_experts": False}
+        assert overrides_from_liger_kernel_config({"swiglu": True}, "qwen3_moe") == {}
 
 
 def test_every_bad_key_and_value_is_reported_at_once():

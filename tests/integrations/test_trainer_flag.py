@@ -4,6 +4,8 @@ Trainer's own config; `use_liger_kernel=True` routed to liger_registry (liger-ke
 from __future__ import annotations
 
 import importlib.util
+import logging
+from pathlib import Path
 
 import pytest
 import transformers.trainer
@@ -72,12 +74,54 @@ def test_use_liger_kernel_with_the_callback_says_what_to_do():
     assert L.patch_handle(model) is None
 
 
+def _documented_import_error() -> str:
+    """The message docs/integrations.md quotes under "`use_liger_kernel=True` on its own"."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### `use_liger_kernel=True` on its own") :]
+    return section.split("```text\n", 1)[1].split("\n```", 1)[0]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel is installed")
-def test_use_liger_kernel_without_the_route_is_transformers_import_error(tmp_path):
+def test_use_liger_kernel_without_the_route_is_the_documented_import_error(tmp_path):
+    """What a user sees with the Trainer flag alone is transformers' own ImportError; the doc quotes it and says
+    what to do instead (use_liger_kernel_flag), and the model is not patched."""
     model = tiny_model("llama")
     trainer = Trainer(model=model, args=args(tmp_path, use_liger_kernel=True), train_dataset=rows(model))
-    with pytest.raises(ImportError, match="liger-kernel"):
+    with pytest.raises(ImportError) as info:
         trainer.train()
+    documented = _documented_import_error()
+    assert str(info.value) == documented.removeprefix("ImportError: ")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### `use_liger_kernel=True` on its own") :].split("\n### ", 1)[0]
+    assert "use_liger_kernel_flag()" in section and "LigerRegistryCallback" in section
+    assert L.patch_handle(model) is None
+
+
+def test_the_integrations_log_that_they_patched(tmp_path, caplog):
+    model = tiny_model("llama")
+    trainer = Trainer(
+        model=model,
+        args=args(tmp_path, use_liger_kernel=True, liger_kernel_config={"swiglu": False}, max_steps=1),
+        train_dataset=rows(model),
+    )
+    with caplog.at_level(logging.INFO, logger="liger_registry"), use_liger_kernel_flag():
+        trainer.train()
+    messages = [
+        r.getMessage() for r in caplog.records if r.name == "liger_registry.integrations.trainer_apply"
+    ]
+    assert messages == [
+        "TrainingArguments(use_liger_kernel=True, liger_kernel_config=...): patched family llama "
+        "(LlamaForCausalLM) with swiglu=False"
+    ]
+    caplog.clear()
+    callback = LigerRegistryCallback()
+    with caplog.at_level(logging.INFO, logger="liger_registry"):
+        Trainer(model=model, args=args(tmp_path), callbacks=[callback])
+    messages = [
+        r.getMessage() for r in caplog.records if r.name == "liger_registry.integrations.trainer_apply"
+    ]
+    assert messages == ["LigerRegistryCallback: LlamaForCausalLM keeps its patch (family llama)"]
+    L.revert(model)
 
 
 def test_use_liger_kernel_flag_routes_the_trainer_to_the_registry(tmp_path):
@@ -175,7 +219,8 @@ def test_a_kernel_asked_on_that_the_patch_has_off_is_refused(tmp_path, route):
 def test_a_config_that_agrees_with_the_patch_keeps_it(tmp_path):
     """Keys the config names must agree; keys it leaves out keep the patch's values (applied with options)."""
     model = tiny_model("llama")
-    handle = L.apply(model, rms_norm=False, chunk_mem_const=4)
+    # the config's rms_norm=False is the reference's: every RMSNorm, the fused add + norm too
+    handle = L.apply(model, rms_norm=False, add_rms_norm=False, chunk_mem_const=4)
     config = {"rms_norm": False, "swiglu": True}
     callback = LigerRegistryCallback(liger_kernel_config=config)
     Trainer(model=model, args=args(tmp_path), train_dataset=rows(model), callbacks=[callback])

@@ -1,5 +1,7 @@
 """The generic applier: what it replaces, that revert restores the same objects, and loud failures."""
 
+import logging
+
 import pytest
 import torch
 from transformers.models.llama import modeling_llama
@@ -219,3 +221,62 @@ def test_a_head_attribute_that_is_no_module_is_refused_at_apply(llama, head, say
     with pytest.raises(PatchError, match=says):
         liger_registry.apply(llama, registry=registry)
     assert snapshot(llama) == before
+
+
+def test_apply_and_revert_log_one_info_line_each(llama, caplog):
+    with caplog.at_level(logging.INFO, logger="liger_registry"):
+        handle = liger_registry.apply(llama, rope=False)
+        handle.revert()
+        handle.revert()  # nothing left: no second line
+    lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines == [
+        (
+            "liger_registry.registry.applier",
+            "INFO",
+            "apply: family llama (instance): rms_norm x5, add_rms_norm x2, swiglu x2, forward x2; backend on "
+            "cpu / float32: torch (rms_norm, add_rms_norm, swiglu, forward)",
+        ),
+        (
+            "liger_registry.registry.handle",
+            "INFO",
+            "revert: family llama (instance): 11 replacement(s) restored",
+        ),
+    ]
+
+
+def test_a_switch_skipped_is_a_logged_warning(llama, caplog):
+    with caplog.at_level(logging.WARNING, logger="liger_registry"):
+        liger_registry.apply(llama, geglu=False)
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "apply: family llama: switch geglu skipped: family 'llama' has no geglu kernel: nothing to switch off "
+        "(override)"
+    )
+
+
+def test_a_fallback_from_triton_on_cuda_is_a_logged_warning(caplog):
+    from liger_registry.registry.applier import log_applied
+    from liger_registry.registry.backends import BackendChoice
+    from liger_registry.registry.report import PatchReport
+
+    report = PatchReport("llama", "instance", liger_registry.explain("llama").config)
+    report.backends = [
+        BackendChoice("rms_norm", "rms_norm", "triton", ()),
+        BackendChoice("rope", "rope", "torch", ("dtype float64 not supported",)),
+    ]
+    report.backends_for = "cuda:0 / float64"
+    with caplog.at_level(logging.WARNING, logger="liger_registry"):
+        log_applied(report)
+    assert [r.getMessage() for r in caplog.records] == [
+        "apply: family llama: rope falls back to torch on cuda:0 / float64: dtype float64 not supported"
+    ]
+
+
+def test_applying_other_options_names_each_difference(llama):
+    liger_registry.apply(llama)
+    with pytest.raises(PatchError) as info:
+        liger_registry.apply(llama, chunk_mem_const=4, rope=False)
+    message = str(info.value)
+    assert "flce.chunk_mem_const: patched 1, asked 4" in message
+    assert "kernels.rope.enabled: patched True, asked False" in message
+    assert "revert" in message

@@ -6,7 +6,9 @@ from packaging.specifiers import SpecifierSet
 import liger_registry
 from liger_registry.kernels import flce_chunk_geometry
 from liger_registry.registry.errors import RegistryError
+from liger_registry.registry.loader import load_policy
 from liger_registry.registry.targets import supported_range
+from liger_registry.testing import tiny_model
 
 CORE = ["llama", "mistral", "qwen2", "qwen3"]
 
@@ -48,10 +50,44 @@ def test_user_policy_then_override_win_in_order(tmp_path):
     assert overridden.source("kernels.rms_norm.eps_attr").layer == 1
 
 
-def test_user_policy_scoped_to_other_family_does_not_apply(tmp_path):
+def test_a_policy_passed_for_another_family_is_an_error_naming_it(tmp_path):
+    policy = tmp_path / "other.yaml"
+    policy.write_text(
+        "policy: other\napplies_to: [qwen3, mistral]\nreason: test\nflce: {chunk_mem_const: 4}\n"
+    )
+    says = r"policy 'other' \(.*other\.yaml\) applies to qwen3, mistral, not to family 'llama'"
+    with pytest.raises(RegistryError, match=says):
+        liger_registry.explain("llama", policy=policy)
+    with pytest.raises(RegistryError, match=says):  # also among others, and as a loaded policy object
+        liger_registry.explain("llama", policy=["throughput", load_policy(policy)])
+    with pytest.raises(RegistryError, match=r"policy 'gpt_oss' \(bundled: .*\) applies to gpt_oss, not to"):
+        liger_registry.explain("llama", policy="gpt_oss")  # a registry policy named explicitly, too
+
+
+def test_an_explicit_policy_for_another_family_leaves_the_model_unpatched(tmp_path):
     policy = tmp_path / "other.yaml"
     policy.write_text("policy: other\napplies_to: [qwen3]\nreason: test\nflce: {chunk_mem_const: 4}\n")
-    assert liger_registry.explain("llama", policy=policy).value("flce.chunk_mem_const") == 1
+    model = tiny_model("llama")
+    with pytest.raises(RegistryError, match="policy 'other'.*applies to qwen3"):
+        liger_registry.apply(model, policy=policy)
+    assert liger_registry.patch_handle(model) is None
+
+
+def test_registry_policies_not_applied_are_listed_with_why():
+    config = liger_registry.explain("llama").config
+    assert config.not_applied == {
+        "gpt_oss": "applies to gpt_oss",
+        "throughput": "opt-in: policy='throughput' applies it",
+    }
+    assert liger_registry.explain("gpt_oss").config.not_applied == {
+        "throughput": "opt-in: policy='throughput' applies it"
+    }
+    assert "throughput" not in liger_registry.explain("llama", policy="throughput").config.not_applied
+    line = "policies not applied: gpt_oss (applies to gpt_oss), throughput (opt-in: policy='throughput' applies it)"
+    assert line in str(liger_registry.explain("llama")).splitlines()
+    model = tiny_model("llama")
+    with liger_registry.patched(model) as handle:
+        assert line in str(handle.report).splitlines()
 
 
 def test_flce_policy_leaves_jsd_knob_alone():

@@ -117,3 +117,22 @@ def test_patched_model_refuses_out_of_range_labels(cases) -> None:
         labels = batch["labels"].clone()
         labels[0, 5] = -100
         assert torch.isfinite(model(**{**batch, "labels": labels}).loss)
+
+
+@pytest.mark.reliability("silent_wrong")
+def test_a_model_on_the_meta_device_runs_patched_as_unpatched(cases) -> None:
+    """Meta tensors have no values to check (shape inference, memory planning): the patched forward with labels
+    runs there as the unpatched one does, loss shape and all."""
+    from transformers import AutoModelForCausalLM
+
+    import liger_registry as L
+    from liger_registry.testing import tiny_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(tiny_config("llama"))
+    ids = torch.zeros(2, 8, dtype=torch.long, device="meta")
+    unpatched = model(input_ids=ids, labels=ids).loss
+    with L.patched(model):
+        patched = model(input_ids=ids, labels=ids).loss
+    assert patched.is_meta and (patched.shape, patched.dtype) == (unpatched.shape, unpatched.dtype)
+    cases.tried()

@@ -36,14 +36,14 @@ def test_policy_naming_no_family_is_an_error(to, message, tmp_path, monkeypatch,
 def test_instance_switch_voided_by_a_class_wide_patch_is_an_error(cases) -> None:
     model = tiny_model("llama")
     cases.tried(3)
-    with L.patched("llama"):
+    with L.patched("llama") as class_wide:
         with pytest.raises(
             PatchError, match="rms_norm=off cannot take effect.*LlamaRMSNorm.*apply\\('llama'\\)"
         ):
             L.apply(model, rms_norm=False)
         with pytest.raises(PatchError, match="rope=off cannot take effect"):
             L.apply(model, rope=False)
-        assert L.patch_handle(model) is None
+        assert L.patch_handle(model) is class_wide  # no patch of its own
     L.apply(model, rms_norm=False).revert()  # without the class-wide patch the switch takes effect
 
 

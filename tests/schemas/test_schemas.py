@@ -102,3 +102,23 @@ def test_kinds_table_derives_specs_patches_and_overrides():
         "cross_entropy",  # the head's losses: sections read by the forward, not kinds
         "fused_linear_cross_entropy",
     }
+
+
+def test_yaml_errors_speak_of_fields_not_of_pydantic_types(tmp_path):
+    """A field typed as a union (max_chunk_mib: whole MiB or a fraction) gets one problem in plain words, not
+    one per member labelled with pydantic's internal type names (`constrained-int`)."""
+    from liger_registry.registry.errors import RegistryError
+    from liger_registry.registry.loader import load_policy
+
+    path = tmp_path / "p.yaml"
+    path.write_text("policy: p\napplies_to: [llama]\nreason: r\nflce: {max_chunk_mib: lots}\n")
+    with pytest.raises(RegistryError) as info:
+        load_policy(path)
+    assert info.value.problems == [
+        f"{path}:4: flce.max_chunk_mib: Input should be a valid integer or a valid number"
+    ]
+    path.write_text("policy: p\napplies_to: [llama]\nreason: r\nflce: {max_chunk_mib: -2}\n")
+    with pytest.raises(RegistryError) as info:
+        load_policy(path)
+    [problem] = info.value.problems
+    assert problem.startswith(f"{path}:4: flce.max_chunk_mib: ") and "constrained" not in problem

@@ -32,7 +32,7 @@ def _check_dtype(target: torch.Tensor) -> None:
 def check_labels(target: torch.Tensor, ignore_index: int, num_classes: int) -> None:
     """Raise ValueError unless ``target`` holds int64/int32 ids in ``[0, num_classes)`` or ``ignore_index``."""
     _check_dtype(target)
-    if target.numel() == 0:
+    if target.numel() == 0 or target.is_meta:  # meta tensors have no values to check (shape inference)
         return
     lo, hi = torch.stack(torch.aminmax(target.masked_fill(target == ignore_index, 0))).tolist()
     if lo >= 0 and hi < num_classes:
