@@ -1,5 +1,6 @@
-"""Alignment and distillation losses through the fused head: DPO, ORPO, SimPO, KTO, GRPO and distillation,
-computed from hidden states and the lm_head weight chunk by chunk (never the full [B*T, V] logits).
+"""Alignment and distillation losses through the fused head: DPO, ORPO, SimPO, KTO, GRPO (with the other RL
+losses of TRL's GRPOTrainer) and distillation, computed from hidden states and the lm_head weight chunk by chunk
+(never the full [B*T, V] logits).
 
 Each loss returns an :class:`AlignmentOutput` (``loss``, ``metrics``). Targets are next tokens aligned with
 the hidden states (:func:`next_token_target` from HF-style labels). See docs/alignment.md.
@@ -9,8 +10,9 @@ from __future__ import annotations
 
 from .distillation import DIVERGENCES, distillation_loss
 from .dpo import dpo_loss
+from .entropy import token_log_probs_and_entropy
 from .grpo import LOSS_TYPES as GRPO_LOSS_TYPES
-from .grpo import grpo_loss
+from .grpo import GrpoOptions, grpo_loss, vllm_importance_sampling_ratio
 from .head_options import HeadOptions
 from .kto import kto_loss, kto_reference_kl
 from .logprobs import TokenLogProbs, next_token_target, reference_log_probs, token_log_probs
@@ -23,6 +25,7 @@ __all__ = [
     "DIVERGENCES",
     "GRPO_LOSS_TYPES",
     "AlignmentOutput",
+    "GrpoOptions",
     "HeadOptions",
     "ModelHead",
     "TokenLogProbs",
@@ -37,4 +40,6 @@ __all__ = [
     "reference_log_probs",
     "simpo_loss",
     "token_log_probs",
+    "token_log_probs_and_entropy",
+    "vllm_importance_sampling_ratio",
 ]

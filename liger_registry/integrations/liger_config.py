@@ -14,7 +14,7 @@ from liger_registry.registry.loader import Registry, load_registry
 from liger_registry.schemas import LIGER_KEYS, OVERRIDE_PATHS, Overrides
 
 # Knobs a liger_kernel_config-style dict may carry besides the kernel switches: the FLCE budget and strategy
-# (issue 10) and the FLCE loss options (issue 14).
+# (docs/design/flce-layouts.md) and the FLCE loss options (docs/integrations.md).
 LIGER_KNOBS = (
     "chunk_mem_const",
     "max_chunk_mib",

@@ -105,6 +105,59 @@ def test_bf16_distillation_matches_the_divergence(divergence_name):
     _check(out.loss, rows[t != IGNORE].mean(), [sh, sw])
 
 
+RL = {
+    "dapo, entropy bonus": dict(loss_type="dapo", entropy_coef=0.05),
+    "bnpo, entropy bonus, fp32 accumulation": dict(
+        loss_type="bnpo", entropy_coef=0.05, accum_dtype=torch.float32
+    ),
+    "gspo, sampler correction": dict(loss_type="grpo", importance_sampling_level="sequence", sampler=True),
+    "vespo, sampler correction": dict(
+        loss_type="vespo", vllm_importance_sampling_mode="token_truncate", sampler=True
+    ),
+    "cispo, kl": dict(loss_type="cispo", epsilon_high=5.0, beta=0.04),
+}
+
+
+@pytest.mark.parametrize("options", RL.values(), ids=RL.keys())
+def test_bf16_rl_losses_match_their_fp64_cpu_run(options):
+    """The RL losses with bf16 operands on the GPU (Triton head, or the chunked entropy head) against the same
+    loss on the CPU in fp64 from the same bf16-rounded values (the CPU loss is TRL's: tests/alignment/
+    test_grpo.py). No entropy mask here: bf16 entropies move tokens across the quantile, which changes
+    those tokens' gradients entirely (the mask is checked on the CPU)."""
+    options = dict(options)
+    h, w, b, t = _batch()
+    adv = torch.tensor(ADV, device="cuda")
+    with torch.no_grad():
+        lp, mask = token_logps(h, w, b, t)
+        old = ((lp + 0.1 * torch.randn_like(lp)) * mask).float()
+    sampling = ((old + 0.1 * torch.randn_like(old)) * mask) if options.pop("sampler", False) else None
+    fused = grpo_loss(h, w, t, adv, b, old_logps=old, ref_logps=old, sampling_logps=sampling, **options)
+    cpu = [x.detach().cpu().double().requires_grad_() for x in (h, w, b)]
+    given = [None if x is None else x.cpu() for x in (t, adv, old, sampling)]
+    t_cpu, adv_cpu, old_cpu, sampling_cpu = given
+    options.pop("accum_dtype", None)
+    want = grpo_loss(*cpu[:2], t_cpu, adv_cpu, cpu[2], old_logps=old_cpu, ref_logps=old_cpu,
+                     sampling_logps=sampling_cpu, **options)  # fmt: skip
+    assert _rel(fused.loss.cpu(), want.loss) < TOL
+    for got, ref in zip(grads(fused.loss, [h, w, b]), grads(want.loss, cpu), strict=True):
+        assert got.dtype == torch.bfloat16
+        assert _rel(got.cpu(), ref) < TOL
+
+
+def test_the_entropy_path_takes_a_fraction_of_the_logits_memory():
+    h, w, b, t = _batch()
+    logits_bytes = ROWS * SEQ * VOCAB * 4
+    adv = torch.tensor(ADV, device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grpo_loss(h, w, t, adv, b, top_entropy_quantile=0.2, entropy_coef=0.01).loss.backward()
+    torch.cuda.synchronize()
+    grads_bytes = sum(x.grad.numel() * x.grad.element_size() for x in (h, w, b))
+    fused_peak = torch.cuda.max_memory_allocated() - base - grads_bytes
+    assert fused_peak < logits_bytes / 4, (fused_peak, logits_bytes)
+
+
 def test_the_losses_take_a_fraction_of_the_logits_memory():
     h, w, b, t = _batch()
     logits_bytes = ROWS * SEQ * VOCAB * 4

@@ -1,8 +1,11 @@
-"""CPU smoke runs of the GPU benchmarks (bench_flce.py, bench_e2e.py, bench_step.py, bench_llama4_moe.py, ...), so the scripts cannot rot
-unnoticed."""
+"""CPU smoke runs of the GPU benchmarks (flce, moe, e2e, step), and the benches' own logic (job order, ratios,
+targets, loss checks), so they cannot rot unnoticed. flce and moe run in this process (torch and the package are
+imported once); e2e and step fork their runs from a driver that must not have run torch yet (a fork after torch's
+CPU thread pool started can hang the child), so they run as ``python -m benchmarks`` in a fresh process."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
@@ -13,33 +16,36 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import e2e as bench_e2e
+from benchmarks import flce as bench_flce
+from benchmarks import moe as bench_moe
+from benchmarks import step as bench_step
+
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks"
 
 
-def _run(script: str, *args: str, out: Path) -> str:
+def _run(*args: str) -> str:
+    """``python -m benchmarks ARGS`` from the repository root, as the README says to run it."""
     env = {
         **os.environ,
-        "OUT": str(out),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH")] if p),
     }
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=ROOT,
-    )
+    cmd = [sys.executable, "-m", "benchmarks", *args]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
 
+def _json(out: Path, stem: str) -> dict:
+    (path,) = out.glob(f"{stem}_cpu_*.json")
+    return json.loads(path.read_text())
+
+
 def test_e2e_cpu_smoke(tmp_path: Path) -> None:
-    args = ("--cpu-smoke", "--models", "llama", "--layers", "2", "--repeats", "1", "--methods", "hf,ours")
-    stdout = _run("bench_e2e.py", *args, "--out", str(tmp_path), out=tmp_path)
+    args = ["--cpu-smoke", "--models", "llama", "--layers", "2", "--repeats", "1", "--methods", "hf,ours"]
+    stdout = _run("e2e", *args, "--out", str(tmp_path))
     assert stdout.rstrip().splitlines()[-1].startswith("targets:"), stdout[-2000:]  # the table comes last
-    data = json.loads((tmp_path / "bench_e2e_smoke.json").read_text())
+    data = _json(tmp_path, "bench_e2e")
     runs = {r["method"]: r for r in data["runs"]}
     assert set(runs) == {"hf", "ours"}
     for r in runs.values():
@@ -51,17 +57,12 @@ def test_e2e_cpu_smoke(tmp_path: Path) -> None:
     assert max(abs(a - b) for a, b in zip(runs["ours"]["losses"], runs["hf"]["losses"], strict=True)) < 1e-4
     (row,) = data["rows"]
     assert row["ratios"]["ours/hf"] > 0 and row["targets"][">=1.0x HF"] is not None
-
-
-def _load(script: str):
-    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), BENCH / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    csv_rows = (tmp_path / "measurements.csv").read_text().splitlines()
+    assert any(",e2e,llama L2 T64,ours,tokens_per_s," in line for line in csv_rows)
 
 
 def test_e2e_jobs_interleave_methods_per_configuration() -> None:
-    module = _load("bench_e2e.py")
+    module = bench_e2e
     jobs = module.jobs_of(module.parse(["--models", "llama,qwen3", "--layers", "2", "--tokens", "4096"]))
     n = len(module.METHODS)
     assert len(jobs) == 2 * 2 * n  # repeats x configurations x methods
@@ -74,7 +75,7 @@ def test_e2e_jobs_interleave_methods_per_configuration() -> None:
 
 
 def test_e2e_judges_the_compiled_methods_against_each_other() -> None:
-    module = _load("bench_e2e.py")
+    module = bench_e2e
     method = lambda tps: {"tps": tps, "peak": 1.0}  # noqa: E731
     row = {"methods": {"hf": method(100.0), "hf_compile": method(120.0), "ours_compile": method(114.0)}}
     module.judge(row)
@@ -83,33 +84,51 @@ def test_e2e_judges_the_compiled_methods_against_each_other() -> None:
     assert module.base_method("ours_compile") == "ours" and module.base_method("hf") == "hf"
 
 
-def test_flce_cpu_smoke(tmp_path: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setenv(
-        "OUT", str(tmp_path)
-    )  # in this process: the import of torch and the package is paid once
-    assert _load("bench_flce.py").main(["--cpu-smoke", "--shapes", "llama", "--bt", "48,200"]) == 0
+def test_flce_cpu_smoke(tmp_path: Path, capsys) -> None:
+    methods = "floor,unpatched,cce,ours default"
+    argv = ["--cpu-smoke", "--shapes", "llama", "--bt", "200", "--methods", methods, "--out", str(tmp_path)]
+    assert bench_flce.main(argv) == 0
     stdout = capsys.readouterr().out
     assert stdout.rstrip().splitlines()[-1].startswith("targets:"), stdout[-2000:]
-    data = json.loads((tmp_path / "bench_flce_smoke.json").read_text())
-    rows = {(r["BT"], r["method"]): r for r in data["rows"]}
-    for bt in (48, 200):  # not multiples of the smoke chunks
-        for method in ("floor", "unpatched", "ours default", "ours C=8"):
-            assert rows[(bt, method)]["random_ms"] > 0, rows[(bt, method)]
-        assert "x_unpatched" in rows[(bt, "ours default")]
-        assert "targets" in rows[(bt, "ours default")]
-    assert (
-        rows[(48, "cce")]["error"] == rows[(48, "cce exact")]["error"] == "cce needs CUDA"
-    )  # the peer's rows
+    data = _json(tmp_path, "bench_flce")
+    rows = {r["method"]: r for r in data["rows"]}  # BT 200: not a multiple of the smoke chunks
+    for method in ("floor", "unpatched", "ours default"):
+        assert rows[method]["random_ms"] > 0, rows[method]
+    ours = rows["ours default"]
+    assert "x_unpatched" in ours and "targets" in ours
+    # the flat keys: head, tokens, the library, the random-input median, ratios to the same run's floor
+    assert (ours["head"], ours["tokens"], ours["family"], ours["ms"]) == (
+        "llama",
+        200,
+        "ours",
+        ours["random_ms"],
+    )
+    assert ours["x_floor"] == pytest.approx(ours["ms"] / rows["floor"]["ms"])
+    assert rows["cce"]["error"] == "cce needs CUDA"  # the peer's row
     checks = {c["method"]: c for c in data["loss_check"]}
-    for method in ("unpatched", "ours default", "ours C=8"):
+    for method in ("unpatched", "ours default"):
         assert checks[method]["loss_rel"] < 1e-5 and checks[method]["dw_rel"] < 1e-4, checks[method]
+
+
+def test_flce_plan_table_needs_no_gpu(capsys) -> None:
+    assert bench_flce.main(["--plan-table", "--shapes", "llama", "--bt", "2048", "--gpu", "NVIDIA H100"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("llama")]
+    assert [line.split()[4] for line in lines] == ["C=1", "C=8", "512MiB"]  # one line per budget
+
+
+def _plugin():
+    path = ROOT / "tests" / "convergence" / "force_flce_strategy.py"
+    spec = importlib.util.spec_from_file_location("force_flce_strategy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_force_flce_strategy_plugin_injects_and_checks_the_strategy(monkeypatch) -> None:
     from types import SimpleNamespace
 
     monkeypatch.setenv("FORCE_FLCE_STRATEGY", "vocab")
-    plugin = _load("force_flce_strategy.py")
+    plugin = _plugin()
     calls, reverted = [], []
 
     def fake_apply(model, **kwargs):  # resolves what it was given, or "auto" when the knob is dropped
@@ -143,7 +162,7 @@ def test_probe_norm_host_records_each_norm_kernel_grid(monkeypatch) -> None:
     from liger_registry import kernels as K
     from liger_registry.kernels.norm import triton_kernels
 
-    probe = _load("probe_norm_host.py")
+    probe = importlib.import_module("benchmarks.probes.norm_host")
     monkeypatch.setenv(K.ENV_VAR, "triton")
     before = {name: getattr(triton_kernels, name) for name in probe.KERNELS}
     grids, undo = probe.record_grids()
@@ -159,19 +178,16 @@ def test_probe_norm_host_records_each_norm_kernel_grid(monkeypatch) -> None:
 
 
 def test_step_cpu_smoke_and_merge(tmp_path: Path) -> None:
-    args = ("--cpu-smoke", "--models", "llama3_2_1b,gemma2_2b", "--out", str(tmp_path))
-    stdout = _run("bench_step.py", *args, out=tmp_path)
+    stdout = _run("step", "--cpu-smoke", "--models", "llama3_2_1b", "--out", str(tmp_path))
     assert stdout.rstrip().splitlines()[-1].startswith("targets:"), stdout[-2000:]  # the table comes last
-    data = json.loads((tmp_path / "bench_step_smoke.json").read_text())
+    data = _json(tmp_path, "bench_step")
     assert not data["meta"]["partial"]
     runs = data["runs"]
     (probe,) = [r for r in runs if r["method"] == "probe"]
     assert probe["ok"] and probe["mm_tflops"] > 0
     measured = [r for r in runs if r["method"] != "probe"]
-    expected = [
-        (m, method, rep) for m in ("llama3_2_1b", "gemma2_2b") for method in ("hf", "ours") for rep in (0, 1)
-    ]
-    expected += [("gemma2_2b", "hf_noise", 0), ("llama3_2_1b", "hf_noise", 0)]
+    expected = [("llama3_2_1b", method, rep) for method in ("hf", "ours") for rep in (0, 1)]
+    expected += [("llama3_2_1b", "hf_noise", 0)]
     assert sorted((r["model"], r["method"], r["repeat"]) for r in measured) == sorted(expected)
     for r in measured:
         assert r["ok"], r.get("error")
@@ -190,22 +206,20 @@ def test_step_cpu_smoke_and_merge(tmp_path: Path) -> None:
         "oc>=1.10x hc",
         "peak<=liger",
     }
-    has_matplotlib = (
-        importlib.util.find_spec("matplotlib") is not None
-    )  # the bench extra; CI installs test only
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None  # the bench extra
     for png in data["meta"]["png"]:
         assert Path(png).is_file() if has_matplotlib else png.startswith("not drawn (No module named"), png
 
     # a run split over device calls: joined from its JSONs, without running anything
-    step = _load("bench_step.py")
     merged_dir = tmp_path / "merged"
-    assert step.main(["--merge", str(tmp_path / "bench_step_smoke.json"), "--out", str(merged_dir)]) == 0
-    merged = json.loads((merged_dir / "bench_step_merged.json").read_text())
+    (path,) = tmp_path.glob("bench_step_cpu_*.json")
+    assert bench_step.main(["--merge", str(path), "--out", str(merged_dir)]) == 0
+    merged = _json(merged_dir, "bench_step-merged")
     assert [r["model"] for r in merged["rows"]] == [r["model"] for r in data["rows"]]
 
 
 def test_step_flops_count_matmuls_and_the_keys_each_query_sees() -> None:
-    step = _load("bench_step.py")
+    step = bench_step
     assert step.mean_keys(4, None) == 2.5 == step.mean_keys(4, 8)
     assert step.mean_keys(4, 2) == sum(min(i, 2) for i in range(1, 5)) / 4
     dense = dict(
@@ -239,7 +253,7 @@ def test_step_flops_count_matmuls_and_the_keys_each_query_sees() -> None:
 
 
 def test_step_jobs_rotate_methods_and_run_the_noise_reference_once() -> None:
-    step = _load("bench_step.py")
+    step = bench_step
     args = step.parse(["--models", "llama3_2_1b,qwen3_1_7b", "--shapes", "2x4096", "--compile-repeats", "1"])
     jobs = step.jobs_of(args)
     first = [j for j in jobs if j["repeat"] == 0]
@@ -258,7 +272,7 @@ def test_step_jobs_rotate_methods_and_run_the_noise_reference_once() -> None:
 
 
 def test_step_noise_draws_are_separate_perturbations() -> None:
-    step = _load("bench_step.py")
+    step = bench_step
     args = step.parse(
         ["--models", "gpt_oss", "--shapes", "2x4096", "--methods", "hf,ours", "--noise-draws", "3"]
     )
@@ -270,7 +284,7 @@ def test_step_noise_draws_are_separate_perturbations() -> None:
 
 
 def test_step_loss_check_against_hf_noise_and_the_targets() -> None:
-    step = _load("bench_step.py")
+    step = bench_step
 
     def method(tps, peak, *curves):
         return {"tps": tps, "peak": peak, "curves": list(curves)}
@@ -303,7 +317,7 @@ def test_step_loss_check_against_hf_noise_and_the_targets() -> None:
 def test_step_distance_from_the_fp32_reference() -> None:
     """hf_fp32 runs once per row, is left out of the band check, and every method's distance from it is
     reported (the noise draws' farthest)."""
-    step = _load("bench_step.py")
+    step = bench_step
     args = step.parse(["--models", "gpt_oss", "--shapes", "2x4096", "--methods", f"hf,ours,{step.FP32_REF}"])
     assert [j["repeat"] for j in step.jobs_of(args) if j["method"] == step.FP32_REF] == [0]
     row = {
@@ -321,13 +335,13 @@ def test_step_distance_from_the_fp32_reference() -> None:
     check = row["loss_check"]
     assert step.FP32_REF not in check["dev"] and check["within"]["ours"] is False
     assert check["fp32_dev"] == pytest.approx({"hf": 0.35, step.NOISE: 0.3, "ours": 0.05})
-    lines = step.fp32_lines([row], ["hf", "ours", step.NOISE], 24, 11)
+    lines = step.fp32_lines([row], ["hf", "ours", step.NOISE])
     assert lines[0].startswith(f"distance from {step.FP32_REF}") and "5.00e-02" in lines[-1]
-    assert step.fp32_lines([{"loss_check": {"fp32_dev": {}}}], ["hf"], 24, 11) == []
+    assert step.fp32_lines([{"loss_check": {"fp32_dev": {}}}], ["hf"]) == []
 
 
 def test_flce_ours_against_every_peer_at_or_below_its_peak() -> None:
-    flce = _load("bench_flce.py")
+    flce = bench_flce
     ours = {"random_ms": 10.0, "peak_mib": 1300.0}
     peers = [{"random_ms": 9.0, "peak_mib": 1500.0}, {"random_ms": 12.0, "peak_mib": 1200.0}]
     assert flce.peer_bound(ours, peers) == pytest.approx(10 / 12)  # the faster peer needs more memory
@@ -337,7 +351,7 @@ def test_flce_ours_against_every_peer_at_or_below_its_peak() -> None:
 
 def test_step_ours_tp_is_opt_in_and_reported_against_liger() -> None:
     """ours_tp (the throughput policy) runs only when asked, and its ratio to liger is in the table."""
-    step = _load("bench_step.py")
+    step = bench_step
     default = step.parse(["--models", "llama3_2_1b", "--shapes", "2x4096"])
     assert "ours_tp" not in {j["method"] for j in step.jobs_of(default)}
     args = step.parse(["--models", "llama3_2_1b", "--shapes", "2x4096", "--methods", "liger,ours,ours_tp"])
@@ -353,22 +367,26 @@ def test_step_ours_tp_is_opt_in_and_reported_against_liger() -> None:
     }
     step.judge(row)
     assert row["ratios"]["tp/liger"] == pytest.approx(1.16)
-    assert any(
-        "ours_tp/liger 1.160" in line for line in step.table_lines([row], ["liger", "ours", "ours_tp"])
-    )
+    head, _, line = step.table_lines([row], ["liger", "ours", "ours_tp"])[:3]
+    assert head.split()[-1] == "ours_tp/liger" and line.split()[-1] == "1.160"
 
 
 def test_moe_cpu_smoke_serves_every_shape(tmp_path: Path) -> None:
-    """bench_moe's CPU smoke: ours against transformers' eager experts at every shape (DBRX: its own loop and
-    2-D per-expert weights), output and every gradient."""
-    _run("bench_moe.py", "--cpu-smoke", "--methods", "hf:eager,ours", "--out", str(tmp_path), out=tmp_path)
-    rows = json.loads((tmp_path / "bench_moe_smoke.json").read_text())["rows"]
+    """moe's CPU smoke: ours against transformers' eager experts at every shape (DBRX: its own loop and 2-D
+    per-expert weights), output and every gradient; the flat table of shape x tokens x method."""
+    assert bench_moe.main(["--cpu-smoke", "--methods", "hf:eager,ours", "--out", str(tmp_path)]) == 0
+    data = _json(tmp_path, "bench_moe")
+    rows = data["rows"]
     assert {r["shape"] for r in rows} == {"qwen3_moe", "mixtral", "gpt_oss", "dbrx"}
     for row in rows:
         ours = row["methods"]["ours"]
         assert "error" not in ours, (row["shape"], ours.get("error"))
         assert ours["max_rel_diff"] < 1e-5, (row["shape"], ours["rel_diff"])
         assert "d_mlp.v1" in ours["rel_diff"] or row["shape"] != "dbrx"  # the separate up weight's gradient
+    table = {(e["shape"], e["method"]): e for e in data["table"]}
+    assert {m for _, m in table} == {"hf:eager", "ours", "dense"}
+    ours, dense = table[("qwen3_moe", "ours")], table[("qwen3_moe", "dense")]
+    assert ours["x_dense"] == pytest.approx(ours["ms"] / dense["ms"]) and ours["autotune_s"] > 0
 
 
 def test_moe_autotune_picks_name_each_kernel_key_and_config(monkeypatch) -> None:
@@ -377,7 +395,7 @@ def test_moe_autotune_picks_name_each_kernel_key_and_config(monkeypatch) -> None
 
     from liger_registry.kernels.moe import triton_kernels
 
-    moe = _load("bench_moe.py")
+    moe = bench_moe
     rows = SimpleNamespace(keys=["N", "MODE"], cache={(1536, 0, "torch.bfloat16"): "BN: 64, num_warps: 8"})
     monkeypatch.setattr(triton_kernels, "_rows_kernel", rows)
     monkeypatch.setattr(triton_kernels, "_wgrad_kernel", SimpleNamespace(keys=["M"], cache={}))
@@ -391,7 +409,7 @@ def test_moe_block_rows_method_forces_the_routing_block_and_restores_it() -> Non
 
     from liger_registry.kernels.moe import routing
 
-    moe = _load("bench_moe.py")
+    moe = bench_moe
     idx = torch.randint(0, 4, (64, 2))
     chosen = routing.route(idx, 4).block_m
     with moe.forced_block_rows(16):
@@ -402,10 +420,9 @@ def test_moe_block_rows_method_forces_the_routing_block_and_restores_it() -> Non
 
 
 def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
-    """bench_llama4_moe.py on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
+    """moe --llama4 on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
     (output and every gradient)."""
-    stdout = _run("bench_llama4_moe.py", "--cpu-smoke", out=tmp_path)
-    data = json.loads((tmp_path / "bench_llama4_moe_smoke.json").read_text())
-    rows = {r["method"]: r for r in data["rows"]}
-    assert set(rows) == {"hf", "ours"}, stdout[-2000:]
+    assert bench_moe.main(["--llama4", "--cpu-smoke", "--out", str(tmp_path)]) == 0
+    rows = {r["method"]: r for r in _json(tmp_path, "bench_moe-llama4")["rows"]}
+    assert set(rows) == {"hf", "ours"}
     assert rows["hf"]["rel_diff"] == 0.0 and rows["ours"]["rel_diff"] < 1e-5

@@ -1,16 +1,18 @@
-"""The benchmark scripts import on the CPU, and the e2e step probe reads a profiler trace right (GPU busy/idle, gaps,
-host lead and tail, kernel kinds)."""
+"""The probes: each imports on the CPU and opens with its question and the design page of its answer; the e2e step
+probe reads a profiler trace right (GPU busy/idle, gaps, host lead and tail, kernel kinds)."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import sys
+import re
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import probe_e2e_step as probe  # noqa: E402
+from benchmarks.probes import e2e_step as probe
+
+PROBES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "benchmarks" / "probes").glob("*.py"))
 
 
 def _trace(tmp_path, events):
@@ -46,12 +48,12 @@ def test_trace_summary_without_kernels(tmp_path):
     )
 
 
-@pytest.mark.parametrize(
-    "script", sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "benchmarks").glob("*.py"))
-)
-def test_every_benchmark_script_imports(script):
-    """Each benchmark and probe imports on the CPU (names they take from the package still exist)."""
-    import importlib
-
-    module = importlib.import_module(script)
-    assert callable(getattr(module, "main", None)) or script in ("common", "force_flce_strategy")
+@pytest.mark.parametrize("name", [p for p in PROBES if p != "__init__"])
+def test_every_probe_imports_and_names_its_question_and_page(name):
+    """Each probe imports on the CPU (the names it takes from the package still exist), has a main, and its
+    docstring opens with the question it answers and the design page that records the answer."""
+    module = importlib.import_module(f"benchmarks.probes.{name}")
+    assert callable(getattr(module, "main", None))
+    question, page = module.__doc__.splitlines()[:2]
+    assert question.startswith("Question: ") and question.endswith("?")
+    assert re.fullmatch(r"Answer recorded in docs/design/[a-z0-9-]+\.md\.", page), page

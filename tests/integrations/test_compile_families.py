@@ -4,7 +4,7 @@ CPU): one training step's loss and gradients against the same model eager.
 A fixed subset covers every kind of kernel (llama: RMSNorm, RoPE, SwiGLU, add + RMSNorm; gpt_oss: MoE experts'
 clamped SwiGLU, half-split RoPE; gemma2: final-logit softcap, GeGLU, gemma casting; nemotron: LayerNorm1P,
 partial RoPE, relu²; phi3: fused gate_up); one more family rotates by date. ``LIGER_REGISTRY_COMPILE_ALL=1``
-runs every family (the GPU run does so on every family, ``benchmarks/compile_families.py``).
+runs every family (the GPU run does so on every family, ``python -m benchmarks compile``).
 """
 
 from __future__ import annotations

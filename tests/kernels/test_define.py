@@ -43,8 +43,8 @@ def test_eager_twin_and_compiled_call_agree():
 
 
 def test_fake_that_disagrees_with_the_kernel_is_caught():
-    """A fake that drifts from the real output's layout is what crashed inductor on CUDA (issue 21): opcheck
-    must see it."""
+    """A fake that drifts from the real output's layout is what crashed inductor on CUDA (docs/design/compile.md):
+    opcheck must see it."""
 
     def impl(x: Tensor, backend: str) -> Tensor:
         return x.t().contiguous().t()  # column-major output

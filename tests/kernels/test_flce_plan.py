@@ -136,7 +136,8 @@ def test_vocab_chunks_are_even(bt, shape, c, width, n):
     assert (n - 1) * width < shape[1] <= n * width and plan.buffer_mib <= plan.budget_mib
 
 
-# H200 run 1 of bench_flce (bf16 fwd + bwd ms, old vocab geometry 33 x 3968 / 66 x 3072 without the reuse)
+# bench_flce on the H200 (bf16 fwd + bwd ms, old vocab geometry 33 x 3968 / 66 x 3072 without the reuse): the points
+# the vocab constants were fitted to, docs/design/flce-cost-model.md
 RUN1_VOCAB = {
     (2048, LLAMA): 14.35,
     (4096, LLAMA): 27.90,
@@ -183,7 +184,8 @@ def test_planner_picks_the_faster_strategy_at_the_h200_points(bt, shape, pick):
         assert tokens.predicted_ms == pytest.approx(RUN1_TOKENS[bt, shape], rel=0.025)
 
 
-# H200 run 9 of bench_flce (bf16 fwd + bwd ms): the vocab strategy with its widest chunks in dW's memory
+# bench_flce on the H200 (bf16 fwd + bwd ms): the vocab strategy with its widest chunks in dW's memory
+# (docs/design/flce-layouts.md, scratch geometry)
 RUN9_SCRATCH = {
     (2048, LLAMA): 11.42,
     (4096, LLAMA): 23.39,
@@ -197,7 +199,7 @@ RUN9_SCRATCH = {
 
 @pytest.mark.parametrize("bt,shape", list(RUN9_SCRATCH))
 def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
-    """Within 5% of run 9 (the model runs 1-4% fast on GPT-OSS), and the planner picks it at the C=1 budget where
+    """Within 5% of the scratch-geometry timings (the model runs 1-4% fast on GPT-OSS), and the planner picks it at the C=1 budget where
     it measured faster than tokens (Llama 16384: tokens 97.7 vs vocab 114.6 ms; picked tokens)."""
     plan = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="vocab", gpu="NVIDIA H200")
     one_kept = flce_cost.vocab_ms(
@@ -210,7 +212,8 @@ def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
 
 
 QWEN3 = (4096, 151936)
-# H200 session 6 (bench_flce, bf16 fwd + bwd ms, the C=1 budget): every chunk kept (N <= H) vs pass 1's last only
+# bench_flce on the H200 (bf16 fwd + bwd ms, the C=1 budget): every chunk kept (N <= H) vs pass 1's last only
+# (docs/design/flce-layouts.md, kept geometry)
 KEPT_RUNS = {
     (2048, LLAMA): (10.06, 10.99),
     (3072, LLAMA): (15.08, 16.88),

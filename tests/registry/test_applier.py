@@ -67,7 +67,7 @@ def test_patched_context_reverts_on_error(llama):
 
 
 def test_patched_blocks_restore_the_state_they_found(llama):
-    """An inner `with patched(m)` on an already patched model leaves the outer patch in place (issue 11)."""
+    """An inner `with patched(m)` on an already patched model leaves the outer patch in place."""
     before = snapshot(llama)
     outer = liger_registry.apply(llama)
     patched_state = snapshot(llama)

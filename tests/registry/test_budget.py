@@ -1,4 +1,4 @@
-"""Issue 10's knobs on the registry side: max_chunk_mib and strategy, the one-budget-knob layering rule, the
+"""The FLCE budget knobs on the registry side: max_chunk_mib and strategy, the one-budget-knob layering rule, the
 opt-in throughput policy, FlceOptions built once per forward, explain --tokens."""
 
 import dataclasses

@@ -120,6 +120,6 @@ def test_a_registry_policy_says_where_it_came_from(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("policy", [{"flce": {"chunk_mem_const": 8}}, 3, [None]])
 def test_a_policy_that_is_no_name_or_path_is_a_registry_error(policy):
-    """Not a TypeError from deep inside pathlib: the message says what `policy=` takes (issue 11)."""
+    """Not a TypeError from deep inside pathlib: the message says what `policy=` takes."""
     with pytest.raises(RegistryError, match="policy must be a bundled policy name, a YAML file path"):
         liger_registry.explain("llama", policy=policy)

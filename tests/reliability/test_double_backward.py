@@ -1,5 +1,5 @@
 """Backward twice, autograd.grad twice and gradient penalties through a patched model: the same gradients as
-unpatched, or a clear error that names the option to use (issue 11)."""
+unpatched, or a clear error that names the option to use."""
 
 from __future__ import annotations
 

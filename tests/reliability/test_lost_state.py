@@ -248,7 +248,7 @@ def test_trainer_callback_after_a_class_wide_apply(cases):
 
 
 def test_a_second_unpatched_model_is_untouched(cases, monkeypatch):
-    """Issue 14: the reference model of DPO (or a distillation teacher) keeps its own RoPE while the policy model
+    """The reference model of DPO (or a distillation teacher) keeps its own RoPE while the policy model
     is patched: its logits are bitwise those of a never-patched copy."""
     from liger_registry import kernels
 

@@ -1,0 +1,1 @@
+"""One-question probes behind the design pages: ``python -m benchmarks.probes.<module> [args]``."""
