@@ -1,5 +1,5 @@
 """Test configuration: on a machine without CUDA, Triton's interpreter must be on before triton is imported
-(CPU runs of the kernels). With a GPU the kernels compile for it (tests/kernels/test_gpu.py)."""
+(CPU runs of the kernels). With a GPU the kernels compile for it (the tests marked gpu)."""
 
 import os
 

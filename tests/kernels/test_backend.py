@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from cases import gpu
 
 from liger_registry import kernels as K
 
@@ -112,3 +113,19 @@ def test_forced_triton_flce_refuses_float64_with_every_reason(monkeypatch):
         K.fused_linear_cross_entropy(h, w, torch.zeros(3, dtype=torch.long))
     with pytest.raises(K.BackendError, match="fused_linear_jsd cannot run on Triton: dtype float64"):
         K.fused_linear_jsd(h, w, h, w)
+
+
+@gpu
+def test_auto_backend_is_triton_on_cuda(monkeypatch):
+    monkeypatch.setenv(K.ENV_VAR, "auto")
+    x = torch.randn(4, 8, device="cuda")
+    assert K.backend_for(x, op="rms_norm") == "triton"
+    assert K.backend_for(x.double(), op="rms_norm") == "torch"
+
+
+@gpu
+@pytest.mark.usefixtures("auto_backend")
+def test_variants_run_triton_on_cuda():
+    x = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16)
+    ops = ("rope_variant", "glu_fused", "swiglu_clamped", "relu_squared", "add_rms_norm")
+    assert all(K.OPS[op].decide(x)[0] == "triton" for op in ops)

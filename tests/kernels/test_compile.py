@@ -101,7 +101,8 @@ def test_compiled_flce_runs_and_matches(monkeypatch, strategy):
 
 @pytest.mark.parametrize("strategy,chunk", [("tokens", 4), ("vocab", 8)])
 def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
-    from liger_registry.kernels.flce.options import FlceOptions, FlceRun
+    from liger_registry.kernels.flce.options import FlceOptions
+    from liger_registry.kernels.flce.options import FlceRun
 
     x, _, _, _, _, head, target = _inputs()
     flat = FlceRun(FlceOptions(label_smoothing=0.1), strategy, chunk, "torch", 2).flat()

@@ -8,23 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from cases import gpu, moe_kernels, moe_ops
+from cases import moe_route as route
 
 from liger_registry import kernels as K
-from liger_registry.kernels import triton_utils
 from liger_registry.kernels.moe import moe_experts
-from liger_registry.kernels.moe import op as moe_ops
-from liger_registry.kernels.moe.routing import route
 
 T, H, INTER, E, TOP_K = 37, 24, 20, 5, 2
 LIMIT, ALPHA = 1.5, 1.702
-
-
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton" and not triton_utils.INTERPRET_AT_IMPORT:
-        pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-    monkeypatch.setenv(K.ENV_VAR, request.param)
-    return request.param
 
 
 def _gate(gu: torch.Tensor, act: str) -> torch.Tensor:
@@ -186,8 +177,7 @@ def test_glu_backward_pass_writes_the_gathered_weighted_rows(backend, inter):
     column block) however many column blocks the launch has; other modes refuse it."""
     if backend != "triton":
         pytest.skip("a Triton launch")
-    from liger_registry.kernels.moe import triton_kernels as tk
-
+    tk = moe_kernels
     x, idx, w, w_gu, w_d, _, _ = _inputs("swiglu", False, False, inter=inter)
     table = route(idx, E)
     n_rows = table.src.shape[0]
@@ -270,9 +260,7 @@ def test_bad_separate_up_weights_are_refused(act, up, message):
         moe_experts(x, idx, w, w_g, w_d, act=act, up_proj=up(w_g.detach()))
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="bf16 Triton GEMMs run on the GPU (the interpreter has no bf16 dot)"
-)
+@gpu  # bf16 Triton GEMMs run on the GPU (the interpreter has no bf16 dot)
 @pytest.mark.parametrize(
     ("act", "transposed", "bias", "split"),
     [

@@ -7,7 +7,7 @@
   work, so the loss's launches met an idle GPU).
 * Why: the Triton row kernels load ``logits[row, target]`` without a bounds check (a bad id reads another row's
   memory and gives a finite, plausible loss), and the PyTorch path fails deep inside ``gather``. Its cost
-  against a loss call: docs/design/ce-label-check.md (the GPU bound is asserted by tests/kernels/test_gpu.py).
+  against a loss call: docs/design/ce-label-check.md (the GPU bound is asserted by tests/kernels/test_flce.py, marker gpu).
 * Under torch.compile the check runs inside the opaque custom ops (FLCE, Triton cross entropy); the traced
   PyTorch cross entropy skips it (no graph break) and leaves the bounds check to ``gather``.
 """

@@ -1,10 +1,12 @@
-"""RoPE variants vs the families' own functions: torch path bit-equal, Triton (interpreter) to tight tolerance,
-forward and the gradients of q and k."""
+"""RoPE variants (kernels/rope rope_variant: partial, interleaved, half-split, llama4's complex product) against
+the families' own functions: the PyTorch path bit-equal, Triton (the interpreter on CPU) to a tight tolerance,
+forward and the gradients of q and k; on CUDA, fp32 and bf16 against the families' functions in float64."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from cases import GPU_DTYPES, check_family, cuda_randn, g, gpu, needs_interpreter, rope_variant_torch
 from transformers.models.glm import modeling_glm
 from transformers.models.glm4 import modeling_glm4
 from transformers.models.gpt_oss import modeling_gpt_oss
@@ -15,7 +17,6 @@ from transformers.models.qwen3_5 import modeling_qwen3_5
 from transformers.models.qwen3_next import modeling_qwen3_next
 
 from liger_registry import kernels as K
-from liger_registry.kernels import triton_utils
 from liger_registry.kernels.rotary import rope_variant
 from liger_registry.modules import rope as dropin
 from liger_registry.registry.targets import hub_wrapped_function
@@ -38,21 +39,17 @@ ONE_PER_LAYOUT = (2, 4, 6, 7)  # qwen3_next (partial), glm4 (interleaved), gpt_o
 ERRORS: dict[str, float] = {}
 
 
-def _g(seed):
-    return torch.Generator().manual_seed(seed)
-
-
 def _inputs(cos_width, dtype, cos_dtype, seq_first=False, cos_batch=B):
     shape_q, shape_k = (
         ((B, S, HQ, D), (B, S, HK, D)) if seq_first or cos_width is None else ((B, HQ, S, D), (B, HK, S, D))
     )
-    q = torch.randn(*shape_q, generator=_g(0)).to(dtype).requires_grad_()
-    k = torch.randn(*shape_k, generator=_g(1)).to(dtype).requires_grad_()
+    q = torch.randn(*shape_q, generator=g(0)).to(dtype).requires_grad_()
+    k = torch.randn(*shape_k, generator=g(1)).to(dtype).requires_grad_()
     if cos_width is None:
-        angle = torch.randn(cos_batch, S, D // 2, generator=_g(2)) * 3
+        angle = torch.randn(cos_batch, S, D // 2, generator=g(2)) * 3
         return q, k, (torch.polar(torch.ones_like(angle), angle),)
-    cos = torch.randn(cos_batch, S, cos_width, generator=_g(2)).to(cos_dtype)
-    sin = torch.randn(cos_batch, S, cos_width, generator=_g(3)).to(cos_dtype)
+    cos = torch.randn(cos_batch, S, cos_width, generator=g(2)).to(cos_dtype)
+    sin = torch.randn(cos_batch, S, cos_width, generator=g(3)).to(cos_dtype)
     return q, k, (cos, sin)
 
 
@@ -60,8 +57,8 @@ def _run(fn, q, k, rest, seq_first):
     kwargs = {"unsqueeze_dim": 2} if seq_first else {}
     qo, ko = fn(q, k, *rest, **kwargs)
     gq, gk = (
-        torch.randn(qo.shape, generator=_g(4)).to(qo.dtype),
-        torch.randn(ko.shape, generator=_g(5)).to(ko.dtype),
+        torch.randn(qo.shape, generator=g(4)).to(qo.dtype),
+        torch.randn(ko.shape, generator=g(5)).to(ko.dtype),
     )
     dq, dk = torch.autograd.grad((qo, ko), (q, k), (gq, gk))
     return qo, ko, dq, dk
@@ -95,10 +92,6 @@ def test_torch_path_seq_first_and_broadcast_cos(monkeypatch):
         _compare(family, ours, q, k, rest, True, 0.0)
 
 
-needs_interpreter = pytest.mark.skipif(
-    not triton_utils.INTERPRET_AT_IMPORT,
-    reason="CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import",
-)
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
 
 
@@ -161,3 +154,47 @@ def test_zz_print_errors():
     """Prints the largest Triton-vs-family error of each case (run with -s); the bounds are asserted above."""
     for key, err in sorted(ERRORS.items()):
         print(f"[rope-variant max abs err] {key}: {err:.3g}")
+
+
+# ---------------------------------------------------------------- CUDA: against the families in float64
+GB, GHQ, GHK, GS = 2, 32, 8, 512
+ROPE = [  # family function, drop-in, head dim, cos width
+    (modeling_phi3.apply_rotary_pos_emb, dropin.apply_rotary_pos_emb_partial, 128, 96),
+    (modeling_qwen3_next.apply_rotary_pos_emb, dropin.apply_rotary_pos_emb_partial, 256, 64),
+    (modeling_glm4.apply_rotary_pos_emb, dropin.apply_rotary_pos_emb_interleaved, 128, 64),
+    (modeling_gpt_oss.apply_rotary_pos_emb, dropin.apply_rotary_pos_emb_half_split, 64, 32),
+]
+
+
+@gpu
+@pytest.mark.usefixtures("auto_backend")
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("family,ours,d,width", ROPE, ids=["phi3", "qwen3_next", "glm4", "gpt_oss"])
+def test_rope_variant(family, ours, d, width, dtype):
+    angle = cuda_randn(GB, GS, width, seed=2, scale=3.0)
+    masters = [
+        cuda_randn(GB, GHQ, GS, d, seed=0),
+        cuda_randn(GB, GHK, GS, d, seed=1),
+        angle.cos(),
+        angle.sin(),
+    ]
+    check_family(f"rope {family.__module__.rsplit('.', 1)[-1]}", ours, family, masters, dtype, n_grad=2)
+
+
+@gpu
+@pytest.mark.usefixtures("auto_backend")
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_rope_llama4_complex(dtype):
+    angle = cuda_randn(GB, GS, 64, seed=2, scale=3.0)
+    freqs = torch.polar(torch.ones_like(angle), angle)
+
+    def ours(q, k):
+        return dropin.apply_rotary_emb(q, k, freqs)
+
+    def family(q, k):  # llama4's own function upcasts to fp32: the float64 reference is the same product
+        qo, ko = rope_variant_torch(q.transpose(1, 2), k.transpose(1, 2), angle.cos().double(), angle.sin().double(),
+                                    interleaved=True, cos_per_pair=True)  # fmt: skip
+        return qo.transpose(1, 2), ko.transpose(1, 2)
+
+    masters = [cuda_randn(GB, GS, GHQ, 128, seed=0), cuda_randn(GB, GS, GHK, 128, seed=1)]
+    check_family("rope llama4", ours, family, masters, dtype)

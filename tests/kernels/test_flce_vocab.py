@@ -1,26 +1,47 @@
-"""The vocab strategy's chunk geometry: the scratch in dW's memory never overlaps what a pass still needs, the
-passes cover every column once, N <= H keeps every chunk's logits for pass 2, and FLCE through either layout
-matches the reference on both backends."""
+"""The vocab strategy of FLCE (kernels/flce): its chunk geometry (the scratch in dW's memory never overlaps what a
+pass still needs, the passes cover every column once, N <= H keeps every chunk's logits for pass 2), FLCE
+through either layout against the reference on both backends, the vocabulary row kernels and the exact target
+logit (Triton through the interpreter on CPU) against the PyTorch rows; on CUDA, the fp32 accumulation paths,
+the kept / one-kept / plain layouts' gradients and peaks at the Llama-3 head."""
+
+from __future__ import annotations
 
 import weakref
 
 import pytest
 import torch
-from kernel_refs import flce_reference
+import torch.nn.functional as F
+from cases import (
+    FlceOptions,
+    ce_torch,
+    close,
+    flce_cost,
+    flce_planner,
+    flce_reference,
+    flce_triton_vocab,
+    flce_vocab,
+    flce_vocab_geometry,
+    flce_vocab_rows,
+    g,
+    gpu,
+    leaf,
+    llama_head,
+    rel,
+    target_logits_torch,
+    target_logits_triton,
+    tied_rows,
+    triton_row_stats,
+    triton_utils,
+)
 
 from liger_registry import kernels as K
-from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import plan as flce_cost
-from liger_registry.kernels.flce import plan as flce_planner
-from liger_registry.kernels.flce import vocab as flce_vocab
-from liger_registry.kernels.flce.plan import (
-    KEPT_MAX_CHUNKS,
-    VocabChunk,
-    fits,
-    kept_geometry,
-    plain_geometry,
-    vocab_geometry,
-)
+
+KEPT_MAX_CHUNKS = flce_vocab_geometry.KEPT_MAX_CHUNKS
+VocabChunk = flce_vocab_geometry.VocabChunk
+fits = flce_vocab_geometry.fits
+kept_geometry = flce_vocab_geometry.kept_geometry
+plain_geometry = flce_vocab_geometry.plain_geometry
+vocab_geometry = flce_vocab_geometry.vocab_geometry
 
 LLAMA, GPT_OSS = (4096, 128256), (2880, 201088)
 
@@ -38,8 +59,8 @@ def test_scratch_never_overlaps_and_covers_every_column(n, shape, width):
     assert fits(geometry, n, *shape)
     if geometry != one_kept:  # the kept geometry: N <= H, pass 2 computes no logits
         assert n <= shape[0] and geometry.recomputed == 0 and len(geometry.pass1) <= KEPT_MAX_CHUNKS
-    for g in (one_kept, geometry):
-        assert g.buffer_cols <= max(min(width, shape[1]), 1)
+    for geo in (one_kept, geometry):
+        assert geo.buffer_cols <= max(min(width, shape[1]), 1)
     assert fits(vocab_geometry(n, *shape, width, False, multiple), n, *shape)
 
 
@@ -234,3 +255,201 @@ def test_run_follows_the_cost_models_layout(backend, monkeypatch):
     assert calls == [c.width for c in g.pass1] + [c.width for c in g.pass2 if not c.reuse]
     ref, _ = flce_reference(hidden, weight, target, None)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the vocabulary row kernels (interpreter)
+STATS_MODES = ["lanes", "blocks"]
+
+
+VOCAB_OPTS = [
+    {},
+    {"label_smoothing": 0.1},
+    {"label_smoothing": 0.2, "class_weights": True},
+    {"softcap": 3.0, "logit_scale": 0.5},
+]
+
+
+@pytest.mark.usefixtures("triton_small")
+@pytest.mark.parametrize("opts", VOCAB_OPTS, ids=lambda o: "-".join(o) or "plain")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_vocab_row_kernels_match_torch(opts, dtype):
+    n, v, w0 = 11, 45, 13  # chunks of 13 columns at offsets 0, 13, 26, 39 (last one 6 wide), blocks of 16
+    x = (torch.randn(n, v, generator=g()) * 3).to(dtype)
+    t = torch.randint(0, v, (n,), generator=g(1))
+    t[[2, 7]] = -100
+    opts = dict(opts)
+    cw = torch.rand(v, generator=g(3)) + 0.5 if opts.pop("class_weights", False) else None
+    o = FlceOptions(**opts)
+    states = [flce_vocab_rows.new_state(n, "cpu"), flce_vocab_rows.new_state(n, "cpu")]
+    for s in range(0, v, w0):
+        chunk = x[:, s : s + w0].contiguous()
+        flce_vocab_rows.stats_update_torch(chunk, s, t, states[0], opts=o, class_weights=cw, argmax=True)
+        flce_triton_vocab.stats_update_triton(chunk, s, t, states[1], opts=o, class_weights=cw, argmax=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    for a, b in zip(states[1], states[0], strict=True):
+        close(a, b, tol)
+    assert torch.equal(states[1].best_i, ce_torch.transform_logits(x, o.softcap, o.logit_scale).argmax(-1))
+    kw = dict(ce_scale=0.3, z_scale=0.7, row_grad=torch.randn(n, generator=g(2)), opts=o, class_weights=cw)
+    ce, _, coefs = flce_vocab_rows.row_losses(states[0], t, v, **kw)
+    ref_rows = ce_torch.ce_rows_torch(
+        x.clone(),
+        t,
+        ignore_index=-100,
+        label_smoothing=o.label_smoothing,
+        softcap=o.softcap,
+        logit_scale=o.logit_scale,
+        lse_square_scale=0.0,
+        class_weights=cw,
+        ce_grad_scale=0.3,
+        z_grad_scale=0.7,
+        row_grad=kw["row_grad"],
+        compute_grad=False,
+    )
+    close(ce, ref_rows[0], tol)
+    grad_ref = x.clone()
+    ce_torch.ce_rows_torch(
+        grad_ref,
+        t,
+        ignore_index=-100,
+        label_smoothing=o.label_smoothing,
+        softcap=o.softcap,
+        logit_scale=o.logit_scale,
+        lse_square_scale=0.0,
+        class_weights=cw,
+        ce_grad_scale=0.3,
+        z_grad_scale=0.7,
+        row_grad=kw["row_grad"],
+        compute_grad=True,
+    )
+    for s in range(0, v, w0):
+        a, b = x[:, s : s + w0].contiguous(), x[:, s : s + w0].contiguous()
+        flce_vocab_rows.grad_inplace_torch(a, s, t, coefs, opts=o, class_weights=cw)
+        flce_triton_vocab.grad_inplace_triton(b, s, t, coefs, opts=o, class_weights=cw)
+        close(b, a, tol)
+        close(a, grad_ref[:, s : s + w0], tol)
+
+
+@pytest.mark.usefixtures("triton_small")
+@pytest.mark.parametrize(
+    "opts", [{}, {"softcap": 3.0, "logit_scale": 0.5}], ids=lambda o: "-".join(o) or "plain"
+)
+@pytest.mark.parametrize("bias", [False, True])
+def test_target_logit_kernel_matches_torch(opts, bias):
+    n, h, v = 13, 40, 50  # H not a power of two
+    hidden = torch.randn(n, h, generator=g()).half()
+    weight = torch.randn(v, h, generator=g(1)).half()
+    b = torch.randn(v, generator=g(2)) if bias else None
+    t = torch.randint(0, v, (n,), generator=g(3))
+    t[[1, 6]] = -100
+    kw = dict(ignore_index=-100, softcap=opts.get("softcap"), logit_scale=opts.get("logit_scale", 1.0))
+    got = target_logits_triton(hidden, weight, t, b, **kw)
+    exp = target_logits_torch(hidden, weight, t, b, **kw)
+    close(got, exp, 1e-6)
+    raw = (hidden.double() @ weight.double().t()).gather(1, t.clamp(min=0)[:, None]).squeeze(1)
+    raw = raw + (b.double()[t.clamp(min=0)] if bias else 0.0)
+    close(exp, ce_torch.transform_logits(raw, kw["softcap"], kw["logit_scale"]), 1e-5)
+
+
+@pytest.mark.usefixtures("triton_small")
+@pytest.mark.parametrize("mode", STATS_MODES)
+def test_vocab_stats_across_chunks_first_argmax(mode, monkeypatch):
+    """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
+    monkeypatch.setitem(triton_row_stats.ROW_STATS, "vocab_stats", (mode, 16))
+    flce_triton_vocab._flags.cache_clear()
+    x = tied_rows(50)
+    x[0, [5, 45]] = 11.0  # the tie spans two vocabulary chunks
+    t = torch.zeros(x.shape[0], dtype=torch.long)
+    o = FlceOptions()
+    state = flce_vocab_rows.new_state(x.shape[0], x.device)
+    for s in range(0, 50, 20):
+        flce_triton_vocab.stats_update_triton(
+            x[:, s : s + 20].contiguous(), s, t, state, opts=o, class_weights=None, argmax=True
+        )
+    lse = torch.logsumexp(x.double(), -1)
+    torch.testing.assert_close(state.m.double() + state.d.double().log(), lse, rtol=1e-6, atol=1e-5)
+    assert torch.equal(state.best_i, x.argmax(-1))
+
+
+# ---------------------------------------------------------------- CUDA: the Llama-3 head, bf16
+@gpu
+def test_flce_vocab_fp32_paths_agree(monkeypatch):
+    """dX accumulated by cuBLAS in fp32 (``addmm(out_dtype=fp32)``, when this torch has it) vs upcast operands:
+    both right, and the loss (bf16 logits + the exact fp32 target logit) within 1e-5 of float64 on both."""
+    hidden, weight, target = llama_head("peaked", bt=1024, h=1024, v=32000)
+    h64, w64 = leaf(hidden, torch.float64), weight.double()
+    ref = F.cross_entropy(h64 @ w64.t(), target)
+    (r,) = torch.autograd.grad(ref, h64)
+    results = []
+    for path in (flce_vocab._has_out_dtype("cuda"), False):
+        monkeypatch.setattr(flce_vocab, "_has_out_dtype", lambda _t, path=path: path)
+        h = leaf(hidden, torch.bfloat16)
+        out = K.fused_linear_cross_entropy(h, weight, target, strategy="vocab", max_chunk_mib=4)
+        (d,) = torch.autograd.grad(out, h)
+        print(f"[gpu-check] vocab out_dtype={path} loss rel {rel(out, ref):.2e} d_hidden rel {rel(d, r):.2e}")
+        assert rel(out, ref) < 1e-5 and rel(d, r) < 1e-2
+        results.append(d)
+    assert rel(results[0], results[1]) < 5e-3
+
+
+def _vocab_step_and_peak(hidden, weight, target):
+    """(loss, dh, dw, peak MiB above the inputs) of one vocab-strategy FLCE forward + grad at the C=1 budget."""
+    h, w = leaf(hidden, torch.bfloat16), leaf(weight, torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = K.fused_linear_cross_entropy(h, w, target, strategy="vocab", chunk_mem_const=1)
+    dh, dw = torch.autograd.grad(out, [h, w])
+    torch.cuda.synchronize()
+    return out.detach(), dh, dw, (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+@gpu
+@pytest.mark.parametrize("bt", [2048, 4096])
+def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):
+    """The vocab strategy with chunks in dW's not yet written memory (Llama-3 head, C=1), every chunk kept for pass
+    2 (N <= H, the default there: 6 chunks at 2048 tokens, 33 at 4096) and only pass 1's last one: the same loss
+    and gradients as the plain geometry (budget-buffer chunks only), and no higher peak."""
+    hidden, weight, target = llama_head("random", bt)
+    layouts = {
+        "kept": lambda n, h, v, w, scratch, multiple, keep: vocab_geometry(
+            n, h, v, w, scratch, multiple, True
+        ),
+        "one_kept": lambda n, h, v, w, scratch, multiple, keep: vocab_geometry(
+            n, h, v, w, scratch, multiple, False
+        ),
+        "plain": lambda n, h, v, w, *a: plain_geometry(v, w),
+    }
+    results = {}
+    for name, layout in layouts.items():
+        monkeypatch.setattr(flce_vocab, "vocab_geometry", layout)
+        results[name] = _vocab_step_and_peak(hidden, weight, target)
+    monkeypatch.setattr(flce_vocab, "vocab_geometry", vocab_geometry)
+    lp, dhp, dwp, mp = results.pop("plain")
+    for name, (ls, dhs, dws, ms) in results.items():
+        print(f"\n[gpu-check] vocab {bt} {name} peak {ms:.1f} MiB vs plain {mp:.1f} MiB", flush=True)
+        assert rel(ls, lp) < 1e-5 and rel(dhs, dhp) < 5e-3 and rel(dws, dwp) < 5e-3, name
+        assert ms <= mp + 1.0, name
+
+
+@gpu
+@pytest.mark.parametrize("bt", [4096, 8192])
+def test_flce_vocab_peak_is_dw_accumulator_and_buffer(bt):
+    """The vocab strategy's peak above its inputs (Llama-3 head, C=1, the default layout) is dW, dX's fp32
+    accumulator and the larger of the logits buffer and dX itself: the buffer is free before dX is cast out of
+    the accumulator, so the cast reuses its memory (or needs only its own when it is the larger)."""
+    hidden, weight, target = llama_head("random", bt)
+    n, h, v = bt, hidden.shape[1], weight.shape[0]
+    plan = K.flce_plan(n, h, v, strategy="vocab", chunk_mem_const=1)
+    multiple = min(flce_planner.COL_MULTIPLE, flce_planner.VOCAB_ALIGN)
+    peaks = flce_cost.peaks_of(hidden.device)
+    keep = flce_cost.keeps_every_chunk(n, h, v, plan.chunk_vocab, 2, peaks, multiple)
+    geometry = vocab_geometry(n, h, v, plan.chunk_vocab, True, multiple, keep)
+    peak = _vocab_step_and_peak(hidden, weight, target)[-1]
+    mib = lambda b: b / 2**20  # noqa: E731
+    bound = mib(v * h * 2 + n * h * 4 + max(n * geometry.buffer_cols * 2, n * h * 2)) + 4.0
+    print(
+        f"\n[gpu-check] vocab {bt} peak {peak:.1f} MiB, bound {bound:.1f} MiB "
+        f"(buffer {mib(n * geometry.buffer_cols * 2):.1f}, dX {mib(n * h * 2):.1f})",
+        flush=True,
+    )
+    assert peak <= bound

@@ -1,20 +1,21 @@
-"""The RoPE layouts of the families whose rotary function is not q-and-k rotate-half: DeepSeek-V2's complex product
-on heads-first q/k, DeepSeek-V3's / GLM-4-MoE-Lite's interleaved pairs written as halves, Gemma 4's one tensor per
-call, DeepSeek-V4's trailing slice of one tensor. Each drop-in against the family's own transformers function, forward and the gradients of its inputs, on
-both backends (Triton through the interpreter): the torch path bit-equal, Triton to a tight tolerance."""
+"""The RoPE layouts of the families whose rotary function is not q-and-k rotate-half: DeepSeek-V2's complex
+product on heads-first q/k, DeepSeek-V3's / GLM-4-MoE-Lite's interleaved pairs written as halves, Gemma 4's one
+tensor per call, DeepSeek-V4's trailing slice of one tensor. Each drop-in against the family's own transformers
+function, forward and the gradients of its inputs, on both backends (Triton through the interpreter on CPU): the
+torch path bit-equal, Triton to a tight tolerance; on CUDA, V4's bf16 rope against V4's function."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from cases import bits_check, cuda_g, g, gpu
+from cases import check64 as _check
 from transformers.models.deepseek_v2 import modeling_deepseek_v2
 from transformers.models.deepseek_v3 import modeling_deepseek_v3
 from transformers.models.deepseek_v4 import modeling_deepseek_v4
 from transformers.models.gemma4 import modeling_gemma4
 from transformers.models.glm4_moe_lite import modeling_glm4_moe_lite
 
-from liger_registry import kernels as K
-from liger_registry.kernels import triton_utils
 from liger_registry.modules import rope as drop_ins
 
 B, HQ, S, NOPE, ROT = 2, 3, 5, 4, 8
@@ -22,33 +23,21 @@ TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
 DTYPES = [torch.float32, torch.float16]
 
 
-@pytest.fixture(params=["torch", "triton"])
-def backend(request, monkeypatch):
-    if request.param == "triton" and not triton_utils.INTERPRET_AT_IMPORT:
-        pytest.skip("CPU runs of the Triton kernels need TRITON_INTERPRET=1 at import")
-    monkeypatch.setenv(K.ENV_VAR, request.param)
-    return request.param
-
-
-def _g(seed):
-    return torch.Generator().manual_seed(seed)
-
-
 def _mla_qk(dtype):
     """MLA's rotary parts: q_rot a slice of the transposed [b, s, h, nope + rot] projection, k_rot one head."""
-    q = torch.randn(B, S, HQ, NOPE + ROT, generator=_g(0)).to(dtype).requires_grad_()
-    k = torch.randn(B, S, ROT, generator=_g(1)).to(dtype).requires_grad_()
+    q = torch.randn(B, S, HQ, NOPE + ROT, generator=g(0)).to(dtype).requires_grad_()
+    k = torch.randn(B, S, ROT, generator=g(1)).to(dtype).requires_grad_()
     q_rot = q.transpose(1, 2)[..., NOPE:]
     k_rot = k.view(B, 1, S, ROT)
     return (q, k), (q_rot, k_rot)
 
 
 def _angles(width):
-    return torch.randn(B, S, width, generator=_g(2)) * 3
+    return torch.randn(B, S, width, generator=g(2)) * 3
 
 
 def _grads(outs, leaves):
-    gs = [torch.randn(o.shape, generator=_g(4 + i)).to(o.dtype) for i, o in enumerate(outs)]
+    gs = [torch.randn(o.shape, generator=g(4 + i)).to(o.dtype) for i, o in enumerate(outs)]
     return torch.autograd.grad(outs, leaves, gs)
 
 
@@ -92,7 +81,7 @@ def test_complex_heads_first_matches_deepseek_v2(backend, dtype):
 
 
 def _gemma4_x(dtype, unsqueeze_dim):
-    x = torch.randn(B, S, HQ, ROT, generator=_g(0)).to(dtype).requires_grad_()
+    x = torch.randn(B, S, HQ, ROT, generator=g(0)).to(dtype).requires_grad_()
     return (x,), (x if unsqueeze_dim == 2 else x.transpose(1, 2),)
 
 
@@ -114,7 +103,7 @@ def test_one_tensor_matches_gemma4(backend, dtype, unsqueeze_dim):
 
 def test_one_tensor_serves_gemma4_vision_multidimensional_rope(backend, monkeypatch):
     """The vision tower calls it by keyword on each axis's channels, seq-first (unsqueeze_dim=2)."""
-    x = torch.randn(B, S, HQ, 2 * ROT, generator=_g(0))
+    x = torch.randn(B, S, HQ, 2 * ROT, generator=g(0))
     angle = _angles(2 * ROT)
     cos, sin, pos = angle.cos(), angle.sin(), torch.zeros(B, S, 2, dtype=torch.long)
     want = modeling_gemma4.apply_multidimensional_rope(x, cos, sin, pos)
@@ -126,7 +115,7 @@ def test_one_tensor_serves_gemma4_vision_multidimensional_rope(backend, monkeypa
 
 def _v4_x(dtype, transposed):
     """V4's q: [b, s, h, nope + rope] transposed to heads-first, or a heads-first tensor (its kv, one head)."""
-    x = torch.randn(B, S, HQ, NOPE + ROT, generator=_g(0)).to(dtype).requires_grad_()
+    x = torch.randn(B, S, HQ, NOPE + ROT, generator=g(0)).to(dtype).requires_grad_()
     return (x,), (x.transpose(1, 2) if transposed else x[:, :, :1].permute(0, 2, 1, 3).contiguous(),)
 
 
@@ -146,3 +135,29 @@ def test_one_tensor_trailing_matches_deepseek_v4(backend, dtype, table_dtype, in
     # V4's autograd rounds each of its two fp32 products' gradients to x's dtype and adds them there; the op's
     # transposed rotation rounds once: equal in fp32, to one half-precision ulp otherwise
     _compare(backend, ours, ref, dtype, exact=len(ours) if dtype == torch.float32 else 1)
+
+
+@gpu
+def test_deepseek_v4_rope_bf16_as_unpatched():
+    """V4's trailing interleaved rope of one tensor (head 512, rope 64, q transposed heads-first; -sin as its
+    attention output), bf16 q with fp32 tables: forward bits and gradients against V4's own function."""
+    gen = cuda_g(17)
+    b, s, h, d, r = 2, 2048, 16, 512, 64
+    x0 = torch.randn(b, s, h, d, device="cuda", generator=gen).bfloat16()
+    ang = torch.randn(b, s, r // 2, device="cuda", generator=gen) * 10
+    for sign in (1, -1):
+        cos, sin = ang.cos(), sign * ang.sin()
+        outs = []
+        for fn in (
+            drop_ins.apply_rotary_pos_emb_one_tensor_trailing,
+            modeling_deepseek_v4.apply_rotary_pos_emb,
+        ):
+            x = x0.clone().requires_grad_()
+            y = fn(x.transpose(1, 2), cos, sin)
+            (dx,) = torch.autograd.grad(y, x, torch.ones_like(y))
+            outs.append((y, dx))
+        case = f"deepseek_v4 rope sin x {sign}"
+        # 2 ulps: x cos - y sin in fp32 (an FMA in the kernel, mul then sub in V4's) cancels to a value far
+        # below its terms in a few elements, where one fp32 ulp of a term is two bf16 ulps of the result.
+        bits_check(f"{case} output", outs[0][0], outs[1][0], max_ulps=2, max_differing=0.01)
+        _check(case, "dx", outs[0][1], outs[1][1], torch.bfloat16)
