@@ -11,8 +11,8 @@ import time
 import torch
 
 from liger_registry.kernels.flce.options import FlceOptions
-from liger_registry.kernels.flce.triton_kernels import grad_inplace_triton
 from liger_registry.kernels.flce.reference import RowCoefs
+from liger_registry.kernels.flce.triton_kernels import grad_inplace_triton
 
 
 def host_us(fn, n=100) -> float:

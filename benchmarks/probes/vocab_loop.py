@@ -56,8 +56,8 @@ def graph_ms(fn, grads) -> float:
 def launch_us() -> dict:
     """Host microseconds per launch (queued behind a GPU sleep): the vocab loop's row kernel and a cuBLAS GEMM."""
     from liger_registry.kernels.flce.options import FlceOptions
-    from liger_registry.kernels.flce.triton_kernels import stats_update_triton
     from liger_registry.kernels.flce.reference import new_state
+    from liger_registry.kernels.flce.triton_kernels import stats_update_triton
 
     n, width = 256, 1024
     buf = torch.randn(n, width, device="cuda").bfloat16()

@@ -13,16 +13,14 @@ import torch.nn.functional as F
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.ce import reference as ce_torch
-from liger_registry.kernels.ce import triton_kernels as triton_row_stats
+from liger_registry.kernels.ce import reference as ce_ref
+from liger_registry.kernels.ce import triton_kernels as ce_triton
 from liger_registry.kernels.ce.triton_kernels import ce_rows_triton
-from liger_registry.kernels.flce import op as flce_api
-from liger_registry.kernels.flce import plan as flce_cost
-from liger_registry.kernels.flce import plan as flce_planner
-from liger_registry.kernels.flce import triton_kernels as flce_triton_vocab
+from liger_registry.kernels.flce import op as flce_op
+from liger_registry.kernels.flce import plan as flce_plan
+from liger_registry.kernels.flce import reference as flce_ref
+from liger_registry.kernels.flce import triton_kernels as flce_triton
 from liger_registry.kernels.flce import vocab as flce_vocab
-from liger_registry.kernels.flce import plan as flce_vocab_geometry
-from liger_registry.kernels.flce import reference as flce_vocab_rows
 from liger_registry.kernels.flce.options import FlceOptions
 from liger_registry.kernels.flce.target import target_logits_torch, target_logits_triton
 from liger_registry.kernels.glu import reference as glu_math
@@ -39,14 +37,12 @@ from liger_registry.kernels.rotary import rope_torch, rope_variant_torch
 __all__ = [
     "FlceOptions",
     "ce_rows_triton",
-    "ce_torch",
-    "flce_api",
-    "flce_cost",
-    "flce_planner",
-    "flce_triton_vocab",
+    "ce_ref",
+    "flce_op",
+    "flce_plan",
+    "flce_triton",
     "flce_vocab",
-    "flce_vocab_geometry",
-    "flce_vocab_rows",
+    "flce_ref",
     "glu_kernels",
     "glu_math",
     "jsd_rows_differentiable",
@@ -61,7 +57,7 @@ __all__ = [
     "_scale_unless_one_kernel",
     "target_logits_torch",
     "target_logits_triton",
-    "triton_row_stats",
+    "ce_triton",
     "triton_utils",
 ]
 

@@ -9,7 +9,7 @@ from cases import (
     INTERPRETER,
     NO_INTERPRETER,
     ROWS,
-    flce_planner,
+    flce_plan,
     report_table,
     triton_utils,
     write_report,
@@ -40,7 +40,7 @@ def triton_small(monkeypatch):
         pytest.skip(NO_INTERPRETER)
     monkeypatch.setenv(K.ENV_VAR, "triton")
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 8)
     return "triton"
 
 

@@ -12,17 +12,17 @@ import torch.nn.functional as F
 from cases import (
     GPU_DTYPES,
     WEIGHT_CASES,
+    ce_ref,
     ce_reference,
     ce_rows_triton,
-    ce_torch,
+    ce_triton,
     close,
     cuda_g,
     expected_fields,
-    flce_planner,
+    flce_plan,
     gpu,
     leaf,
     tied_rows,
-    triton_row_stats,
     triton_utils,
     weighted_case,
 )
@@ -41,7 +41,7 @@ N, H, V = 13, 16, 50
 @pytest.fixture
 def backend(backend, monkeypatch):
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)  # tiny rows still cross column blocks
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)  # and several vocabulary chunks
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 8)  # and several vocabulary chunks
     return backend
 
 
@@ -105,7 +105,7 @@ def test_ce_rows_kernel_matches_torch(opts, dtype):
     if o["class_weights"] is True:
         o["class_weights"] = torch.rand(50, generator=_g(3)) + 0.5
     b1, b2 = x.clone(), x.clone()
-    r1 = ce_torch.ce_rows_torch(b1, t, **o)
+    r1 = ce_ref.ce_rows_torch(b1, t, **o)
     r2 = ce_rows_triton(b2, t, **o)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     close(r2[0], r1[0], tol)
@@ -138,7 +138,7 @@ STATS_MODES = ["lanes", "blocks"]
 def test_ce_rows_stats_lse_and_first_argmax(n_cols, mode, monkeypatch):
     """Both statistics passes (per-lane state, block reductions) give torch's logsumexp and torch.argmax's first
     index on ties."""
-    monkeypatch.setitem(triton_row_stats.ROW_STATS, "ce_rows", (mode, 16))
+    monkeypatch.setitem(ce_triton.ROW_STATS, "ce_rows", (mode, 16))
     x = tied_rows(n_cols)
     t = torch.zeros(x.shape[0], dtype=torch.long)
     o = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=1.0)

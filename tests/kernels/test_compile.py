@@ -77,10 +77,10 @@ def test_opcheck_custom_ops(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["tokens", "vocab"])
 def test_compiled_flce_runs_and_matches(monkeypatch, strategy):
-    from liger_registry.kernels.flce import plan as flce_planner
+    from liger_registry.kernels.flce import plan as flce_plan
 
     monkeypatch.setenv(K.ENV_VAR, "torch")
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 4)
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 4)
     x, _, _, _, _, head, target = _inputs()
     plan = K.flce_plan(x.shape[0], x.shape[1], head.shape[0], strategy=strategy, dtype=x.dtype)
     assert plan.strategy == strategy and plan.num_chunks > 1
@@ -101,8 +101,7 @@ def test_compiled_flce_runs_and_matches(monkeypatch, strategy):
 
 @pytest.mark.parametrize("strategy,chunk", [("tokens", 4), ("vocab", 8)])
 def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
-    from liger_registry.kernels.flce.options import FlceOptions
-    from liger_registry.kernels.flce.options import FlceRun
+    from liger_registry.kernels.flce.options import FlceOptions, FlceRun
 
     x, _, _, _, _, head, target = _inputs()
     flat = FlceRun(FlceOptions(label_smoothing=0.1), strategy, chunk, "torch", 2).flat()
@@ -115,23 +114,22 @@ def test_opcheck_flce_forward(monkeypatch, strategy, chunk):
 def test_flce_plan_traces_without_break(gpu, shape, monkeypatch):
     """The planner runs inside the compiled forward; on a GPU its cost model takes paths a CPU run never does
     (`keeps_every_chunk`), so trace it with each GPU row's peaks at real head shapes, fullgraph."""
-    from liger_registry.kernels.flce import plan as flce_cost
-    from liger_registry.kernels.flce import plan as flce_planner
+    from liger_registry.kernels.flce import plan as flce_plan
     from liger_registry.kernels.flce.options import options_from
 
-    peaks = flce_cost.known_peaks(gpu)
-    monkeypatch.setattr(flce_planner, "peaks_of", lambda device: peaks)
+    peaks = flce_plan.known_peaks(gpu)
+    monkeypatch.setattr(flce_plan, "peaks_of", lambda device: peaks)
     options = options_from(None, {})
 
     def chunk_of(x):
-        plan = flce_planner.plan_for(*shape, options, torch.bfloat16, x.device)
+        plan = flce_plan.plan_for(*shape, options, torch.bfloat16, x.device)
         return x * plan.chunk
 
     torch._dynamo.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = torch.compile(chunk_of, fullgraph=True, backend="eager")(torch.ones(2))
-    want = flce_planner.plan_for(*shape, options, torch.bfloat16, torch.device("cpu")).chunk
+    want = flce_plan.plan_for(*shape, options, torch.bfloat16, torch.device("cpu")).chunk
     assert got.tolist() == [want, want]
     # dynamo warns at every compile of a patched model when it traces through a cache wrapper
     assert not [str(w.message) for w in caught if "lru_cache" in str(w.message)]

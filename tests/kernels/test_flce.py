@@ -19,8 +19,8 @@ from cases import (
     close,
     cuda_g,
     expected_fields,
-    flce_api,
-    flce_planner,
+    flce_op,
+    flce_plan,
     flce_reference,
     gpu,
     grads,
@@ -43,7 +43,7 @@ N, H, V = 13, 16, 50
 
 @pytest.fixture
 def small_vocab_chunks(monkeypatch):
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)  # V=50 splits into several vocabulary chunks
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 8)  # V=50 splits into several vocabulary chunks
 
 
 @pytest.fixture
@@ -921,7 +921,7 @@ def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     checked, unchecked = [], []
     for _ in range(7):  # interleaved, so clock and thermal drift hit both sides alike
         checked.append(_median_ms(step, reps=5))
-        monkeypatch.setattr(flce_api, "start_label_check", no_check)
+        monkeypatch.setattr(flce_op, "start_label_check", no_check)
         unchecked.append(_median_ms(step, reps=5))
         monkeypatch.undo()
         monkeypatch.setenv(K.ENV_VAR, "triton")

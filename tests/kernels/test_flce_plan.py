@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from liger_registry import kernels as K
-from liger_registry.kernels.flce import plan as flce_cost
+from liger_registry.kernels.flce import plan as flce_plan
 from liger_registry.kernels.flce.plan import fits, vocab_geometry
 
 LLAMA = (4096, 128256)
@@ -152,12 +152,12 @@ RUN1_TOKENS = {(8192, LLAMA): 54.97, (16384, LLAMA): 90.67}
 
 @pytest.mark.parametrize("bt,shape", list(RUN1_VOCAB))
 def test_cost_model_reproduces_the_h200_vocab_timings(bt, shape, monkeypatch):
-    from liger_registry.kernels.flce import plan as flce_cost
+    from liger_registry.kernels.flce import plan as flce_plan
 
-    monkeypatch.setattr(flce_cost, "REUSE_LAST_CHUNK", False)
+    monkeypatch.setattr(flce_plan, "REUSE_LAST_CHUNK", False)
     old_width = 3968 if shape == LLAMA else 3072
-    peaks = flce_cost.peaks_for("NVIDIA H200")
-    ms = flce_cost.vocab_ms(bt, *shape, old_width, 2, peaks) - flce_cost.target_logit_ms(
+    peaks = flce_plan.peaks_for("NVIDIA H200")
+    ms = flce_plan.vocab_ms(bt, *shape, old_width, 2, peaks) - flce_plan.target_logit_ms(
         bt, shape[0], 2, peaks
     )
     assert ms == pytest.approx(RUN1_VOCAB[bt, shape], rel=0.02)
@@ -202,8 +202,8 @@ def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
     """Within 5% of the scratch-geometry timings (the model runs 1-4% fast on GPT-OSS), and the planner picks it at the C=1 budget where
     it measured faster than tokens (Llama 16384: tokens 97.7 vs vocab 114.6 ms; picked tokens)."""
     plan = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="vocab", gpu="NVIDIA H200")
-    one_kept = flce_cost.vocab_ms(
-        bt, shape[0], shape[1], plan.chunk_vocab, 2, flce_cost.peaks_for("H200"), True, 128, keep=False
+    one_kept = flce_plan.vocab_ms(
+        bt, shape[0], shape[1], plan.chunk_vocab, 2, flce_plan.peaks_for("H200"), True, 128, keep=False
     )
     assert plan.scratch and one_kept == pytest.approx(RUN9_SCRATCH[bt, shape], rel=0.05)
     assert plan.predicted_ms <= one_kept  # the kept geometry where N <= H (measured below)
@@ -228,23 +228,23 @@ KEPT_RUNS = {
 @pytest.mark.parametrize("bt,shape", list(KEPT_RUNS))
 def test_cost_model_chooses_the_kept_layout_where_it_measured_faster(bt, shape):
     """Both layouts predicted within 5% of the H200, and the plan takes the kept one (no logits recomputed)."""
-    peaks = flce_cost.peaks_for("NVIDIA H200")
+    peaks = flce_plan.peaks_for("NVIDIA H200")
     plan = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="vocab", gpu="NVIDIA H200")
     kept, one_kept = (
-        flce_cost.vocab_ms(bt, *shape, plan.chunk_vocab, 2, peaks, True, 128, keep=k) for k in (True, False)
+        flce_plan.vocab_ms(bt, *shape, plan.chunk_vocab, 2, peaks, True, 128, keep=k) for k in (True, False)
     )
     assert (kept, one_kept) == pytest.approx(KEPT_RUNS[bt, shape], rel=0.05)
-    assert flce_cost.keeps_every_chunk(bt, *shape, plan.chunk_vocab, 2, peaks, 128)
+    assert flce_plan.keeps_every_chunk(bt, *shape, plan.chunk_vocab, 2, peaks, 128)
     assert plan.recomputed == 0 and plan.predicted_ms == pytest.approx(kept)
 
 
 def test_kept_layout_is_refused_where_its_extra_chunks_cost_more_than_the_gemms_it_saves():
     """N = H with a quarter of the C=1 budget: 63 kept chunks. A card with free GEMMs and slow memory pays for
     every chunk's fp32 dX pass and saves nothing: the one-kept layout, and the run follows the plan."""
-    membound = flce_cost.DevicePeaks("membound", 1e18, 1e11)
-    assert not flce_cost.keeps_every_chunk(4096, *LLAMA, 2048, 2, membound, 128)
-    assert flce_cost.keeps_every_chunk(4096, *LLAMA, 2048, 2, flce_cost.peaks_for("H200"), 128)
-    assert not flce_cost.keeps_every_chunk(8192, *LLAMA, 3968, 2, flce_cost.peaks_for("H200"), 128)  # N > H
+    membound = flce_plan.DevicePeaks("membound", 1e18, 1e11)
+    assert not flce_plan.keeps_every_chunk(4096, *LLAMA, 2048, 2, membound, 128)
+    assert flce_plan.keeps_every_chunk(4096, *LLAMA, 2048, 2, flce_plan.peaks_for("H200"), 128)
+    assert not flce_plan.keeps_every_chunk(8192, *LLAMA, 3968, 2, flce_plan.peaks_for("H200"), 128)  # N > H
 
 
 def test_an_unknown_gpu_name_is_refused_with_the_known_ones():

@@ -13,15 +13,14 @@ import torch
 import torch.nn.functional as F
 from cases import (
     FlceOptions,
-    ce_torch,
+    ce_ref,
+    ce_triton,
     close,
-    flce_cost,
-    flce_planner,
+    flce_plan,
+    flce_ref,
     flce_reference,
-    flce_triton_vocab,
+    flce_triton,
     flce_vocab,
-    flce_vocab_geometry,
-    flce_vocab_rows,
     g,
     gpu,
     leaf,
@@ -30,18 +29,17 @@ from cases import (
     target_logits_torch,
     target_logits_triton,
     tied_rows,
-    triton_row_stats,
     triton_utils,
 )
 
 from liger_registry import kernels as K
 
-KEPT_MAX_CHUNKS = flce_vocab_geometry.KEPT_MAX_CHUNKS
-VocabChunk = flce_vocab_geometry.VocabChunk
-fits = flce_vocab_geometry.fits
-kept_geometry = flce_vocab_geometry.kept_geometry
-plain_geometry = flce_vocab_geometry.plain_geometry
-vocab_geometry = flce_vocab_geometry.vocab_geometry
+KEPT_MAX_CHUNKS = flce_plan.KEPT_MAX_CHUNKS
+VocabChunk = flce_plan.VocabChunk
+fits = flce_plan.fits
+kept_geometry = flce_plan.kept_geometry
+plain_geometry = flce_plan.plain_geometry
+vocab_geometry = flce_plan.vocab_geometry
 
 LLAMA, GPT_OSS = (4096, 128256), (2880, 201088)
 
@@ -129,10 +127,10 @@ N = ROWS["kept"]
 def rows(request, monkeypatch):
     """The kept layout wherever it applies: at these tiny shapes the cost model prefers the one-kept layout (its
     per-chunk cost outweighs GEMMs of next to nothing; see test_run_follows_the_cost_models_layout)."""
-    monkeypatch.setattr(flce_cost, "keeps_every_chunk", lambda *a: True)
-    flce_planner._plan.cache_clear()
+    monkeypatch.setattr(flce_plan, "keeps_every_chunk", lambda *a: True)
+    flce_plan._plan.cache_clear()
     yield ROWS[request.param]
-    flce_planner._plan.cache_clear()
+    flce_plan._plan.cache_clear()
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -140,7 +138,7 @@ def backend(request, monkeypatch):
     if request.param == "triton" and not (triton_utils.INTERPRET_AT_IMPORT or torch.cuda.is_available()):
         pytest.skip("Triton needs the interpreter or CUDA")
     monkeypatch.setenv(K.ENV_VAR, request.param)
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 8)
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 32)
     return request.param
 
@@ -249,7 +247,7 @@ def test_run_follows_the_cost_models_layout(backend, monkeypatch):
     monkeypatch.setattr(flce_vocab, "_logits", lambda *a: calls.append(a[1].w.shape[0]) or real_logits(*a))
     out = K.fused_linear_cross_entropy(hidden, weight, target, strategy="vocab")
     plan = K.flce_plan(N, H, V, strategy="vocab", dtype=torch.float32)
-    assert not flce_cost.keeps_every_chunk(N, H, V, plan.chunk_vocab, 4, flce_cost.DEFAULT_PEAKS, 8)
+    assert not flce_plan.keeps_every_chunk(N, H, V, plan.chunk_vocab, 4, flce_plan.DEFAULT_PEAKS, 8)
     g = vocab_geometry(N, H, V, plan.chunk_vocab, True, 8, keep=False)
     assert plan.recomputed == g.recomputed > 0
     assert calls == [c.width for c in g.pass1] + [c.width for c in g.pass2 if not c.reuse]
@@ -280,18 +278,18 @@ def test_vocab_row_kernels_match_torch(opts, dtype):
     opts = dict(opts)
     cw = torch.rand(v, generator=g(3)) + 0.5 if opts.pop("class_weights", False) else None
     o = FlceOptions(**opts)
-    states = [flce_vocab_rows.new_state(n, "cpu"), flce_vocab_rows.new_state(n, "cpu")]
+    states = [flce_ref.new_state(n, "cpu"), flce_ref.new_state(n, "cpu")]
     for s in range(0, v, w0):
         chunk = x[:, s : s + w0].contiguous()
-        flce_vocab_rows.stats_update_torch(chunk, s, t, states[0], opts=o, class_weights=cw, argmax=True)
-        flce_triton_vocab.stats_update_triton(chunk, s, t, states[1], opts=o, class_weights=cw, argmax=True)
+        flce_ref.stats_update_torch(chunk, s, t, states[0], opts=o, class_weights=cw, argmax=True)
+        flce_triton.stats_update_triton(chunk, s, t, states[1], opts=o, class_weights=cw, argmax=True)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     for a, b in zip(states[1], states[0], strict=True):
         close(a, b, tol)
-    assert torch.equal(states[1].best_i, ce_torch.transform_logits(x, o.softcap, o.logit_scale).argmax(-1))
+    assert torch.equal(states[1].best_i, ce_ref.transform_logits(x, o.softcap, o.logit_scale).argmax(-1))
     kw = dict(ce_scale=0.3, z_scale=0.7, row_grad=torch.randn(n, generator=g(2)), opts=o, class_weights=cw)
-    ce, _, coefs = flce_vocab_rows.row_losses(states[0], t, v, **kw)
-    ref_rows = ce_torch.ce_rows_torch(
+    ce, _, coefs = flce_ref.row_losses(states[0], t, v, **kw)
+    ref_rows = ce_ref.ce_rows_torch(
         x.clone(),
         t,
         ignore_index=-100,
@@ -307,7 +305,7 @@ def test_vocab_row_kernels_match_torch(opts, dtype):
     )
     close(ce, ref_rows[0], tol)
     grad_ref = x.clone()
-    ce_torch.ce_rows_torch(
+    ce_ref.ce_rows_torch(
         grad_ref,
         t,
         ignore_index=-100,
@@ -323,8 +321,8 @@ def test_vocab_row_kernels_match_torch(opts, dtype):
     )
     for s in range(0, v, w0):
         a, b = x[:, s : s + w0].contiguous(), x[:, s : s + w0].contiguous()
-        flce_vocab_rows.grad_inplace_torch(a, s, t, coefs, opts=o, class_weights=cw)
-        flce_triton_vocab.grad_inplace_triton(b, s, t, coefs, opts=o, class_weights=cw)
+        flce_ref.grad_inplace_torch(a, s, t, coefs, opts=o, class_weights=cw)
+        flce_triton.grad_inplace_triton(b, s, t, coefs, opts=o, class_weights=cw)
         close(b, a, tol)
         close(a, grad_ref[:, s : s + w0], tol)
 
@@ -347,22 +345,22 @@ def test_target_logit_kernel_matches_torch(opts, bias):
     close(got, exp, 1e-6)
     raw = (hidden.double() @ weight.double().t()).gather(1, t.clamp(min=0)[:, None]).squeeze(1)
     raw = raw + (b.double()[t.clamp(min=0)] if bias else 0.0)
-    close(exp, ce_torch.transform_logits(raw, kw["softcap"], kw["logit_scale"]), 1e-5)
+    close(exp, ce_ref.transform_logits(raw, kw["softcap"], kw["logit_scale"]), 1e-5)
 
 
 @pytest.mark.usefixtures("triton_small")
 @pytest.mark.parametrize("mode", STATS_MODES)
 def test_vocab_stats_across_chunks_first_argmax(mode, monkeypatch):
     """Chunked statistics merge into the row state: logsumexp of the whole row, first argmax across chunks."""
-    monkeypatch.setitem(triton_row_stats.ROW_STATS, "vocab_stats", (mode, 16))
-    flce_triton_vocab._flags.cache_clear()
+    monkeypatch.setitem(ce_triton.ROW_STATS, "vocab_stats", (mode, 16))
+    flce_triton._flags.cache_clear()
     x = tied_rows(50)
     x[0, [5, 45]] = 11.0  # the tie spans two vocabulary chunks
     t = torch.zeros(x.shape[0], dtype=torch.long)
     o = FlceOptions()
-    state = flce_vocab_rows.new_state(x.shape[0], x.device)
+    state = flce_ref.new_state(x.shape[0], x.device)
     for s in range(0, 50, 20):
-        flce_triton_vocab.stats_update_triton(
+        flce_triton.stats_update_triton(
             x[:, s : s + 20].contiguous(), s, t, state, opts=o, class_weights=None, argmax=True
         )
     lse = torch.logsumexp(x.double(), -1)
@@ -440,9 +438,9 @@ def test_flce_vocab_peak_is_dw_accumulator_and_buffer(bt):
     hidden, weight, target = llama_head("random", bt)
     n, h, v = bt, hidden.shape[1], weight.shape[0]
     plan = K.flce_plan(n, h, v, strategy="vocab", chunk_mem_const=1)
-    multiple = min(flce_planner.COL_MULTIPLE, flce_planner.VOCAB_ALIGN)
-    peaks = flce_cost.peaks_of(hidden.device)
-    keep = flce_cost.keeps_every_chunk(n, h, v, plan.chunk_vocab, 2, peaks, multiple)
+    multiple = min(flce_plan.COL_MULTIPLE, flce_plan.VOCAB_ALIGN)
+    peaks = flce_plan.peaks_of(hidden.device)
+    keep = flce_plan.keeps_every_chunk(n, h, v, plan.chunk_vocab, 2, peaks, multiple)
     geometry = vocab_geometry(n, h, v, plan.chunk_vocab, True, multiple, keep)
     peak = _vocab_step_and_peak(hidden, weight, target)[-1]
     mib = lambda b: b / 2**20  # noqa: E731

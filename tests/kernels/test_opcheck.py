@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce.options import FlceOptions
-from liger_registry.kernels.flce.options import FlceRun
+from liger_registry.kernels.flce.options import FlceOptions, FlceRun
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_RUNS = DEVICE == "cuda" or triton_utils.INTERPRET_AT_IMPORT

@@ -7,7 +7,7 @@ from sm90_compile import compile_for_sm90, distinct, record_launches
 
 from liger_registry import kernels as K
 from liger_registry.kernels import glu, triton_utils
-from liger_registry.kernels.ce import triton_kernels as triton_row_stats
+from liger_registry.kernels.ce import triton_kernels as ce_triton
 from liger_registry.kernels.flce import triton_kernels as triton_flce_vocab
 from liger_registry.kernels.loss_grads import BLOCK, _scale_unless_one_kernel
 from liger_registry.kernels.norm import add_rms_norm
@@ -87,10 +87,8 @@ def test_every_launch_compiles_for_sm90_without_spills(monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, "triton")
     with record_launches() as records:
         _tour()
-        for kernel, (_, cap) in dict(
-            triton_row_stats.ROW_STATS
-        ).items():  # the other statistics pass compiles too
-            monkeypatch.setitem(triton_row_stats.ROW_STATS, kernel, ("blocks", cap))
+        for kernel, (_, cap) in dict(ce_triton.ROW_STATS).items():  # the other statistics pass compiles too
+            monkeypatch.setitem(ce_triton.ROW_STATS, kernel, ("blocks", cap))
         triton_flce_vocab._flags.cache_clear()
         _tour()
     triton_flce_vocab._flags.cache_clear()

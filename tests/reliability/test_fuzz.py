@@ -17,7 +17,7 @@ from timeouts import within
 import liger_registry as L
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import plan as flce_planner
+from liger_registry.kernels.flce import plan as flce_plan
 from liger_registry.registry import loader
 from liger_registry.registry.errors import RegistryError, UnsupportedModelError
 
@@ -179,7 +179,7 @@ def check_labels_case(backend, case, strategy, seed, monkeypatch, cases) -> None
     v, labels, ignore_index, extra = case
     monkeypatch.setenv(K.ENV_VAR, backend)
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 8)
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(len(labels), 8, generator=g).to(DEVICE)
     weight = torch.randn(v, 8, generator=g).to(DEVICE)

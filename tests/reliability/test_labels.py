@@ -8,7 +8,7 @@ import torch
 
 from liger_registry import kernels as K
 from liger_registry.kernels import triton_utils
-from liger_registry.kernels.flce import plan as flce_planner
+from liger_registry.kernels.flce import plan as flce_plan
 
 V, H, N = 24, 8, 10
 # on a CUDA machine (the H200 run) the same cases run on the GPU: Triton compiled, labels checked on the device
@@ -23,7 +23,7 @@ BAD = [(V, -100), (V + 1000, -100), (-1, -100), (-7, -100), (-100, -1), (2**40, 
 def backend(request, monkeypatch):
     monkeypatch.setenv(K.ENV_VAR, request.param)
     monkeypatch.setattr(triton_utils, "MAX_BLOCK", 16)
-    monkeypatch.setattr(flce_planner, "VOCAB_ALIGN", 8)
+    monkeypatch.setattr(flce_plan, "VOCAB_ALIGN", 8)
     return request.param
 
 
