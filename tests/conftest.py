@@ -8,6 +8,41 @@ import torch  # does not import triton
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The CPU tests' tensors are tiny: a second intra-op thread only adds synchronisation, which costs many
+    # times the arithmetic when pytest-xdist's workers share the cores. Subprocesses (the CLI, torchrun) inherit
+    # the setting.
+    torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
+
+
+def _fresh(value):
+    """A copy of parsed YAML data (dicts, lists and scalars), so no caller shares a container with the cache."""
+    if isinstance(value, dict):
+        return {key: _fresh(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_fresh(item) for item in value]
+    return value
+
+
+def _memoise_yaml_parsing() -> None:
+    """Every apply() and tiny_model() loads the registry, parsing each bundled YAML file with PyYAML's pure-Python
+    composer (most of a load's time). The composition is a function of the file's path, its text and the size
+    limits, so the suite composes each distinct text once; errors are never cached, and the loader still reads
+    every file, validates every entry and checks every plugin and path on every load."""
+    from liger_registry.registry import yaml_source
+
+    compose, cache = yaml_source._compose, {}
+
+    def memoised(path, text):
+        key = (str(path), text, yaml_source.MAX_NODES, yaml_source.MAX_DEPTH)
+        if key not in cache:
+            cache[key] = compose(path, text)
+        data, node, shape = cache[key]
+        return _fresh(data), node, list(shape)
+
+    yaml_source._compose = memoised
+
+
+_memoise_yaml_parsing()
 
 
 @pytest.fixture(params=["torch", "triton"])
