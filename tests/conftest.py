@@ -12,6 +12,9 @@ if not torch.cuda.is_available():
     # times the arithmetic when pytest-xdist's workers share the cores. Subprocesses (the CLI, torchrun) inherit
     # the setting.
     torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
+    # Inductor's pool of compile workers (processes that import torch) costs more than the few graphs a CPU
+    # test compiles; read when torch._inductor.config is first imported.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 def _fresh(value):
