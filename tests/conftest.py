@@ -63,3 +63,36 @@ def glu_backend(request, monkeypatch):
         monkeypatch.setattr(triton_kernels, "BLOCK", getattr(request.module, "GLU_BLOCK", 16))
     monkeypatch.setenv(K.ENV_VAR, request.param)
     return request.param
+
+
+# End-of-run tables (tests/convergence: parity rows; tests/reliability: cases per category). A test's report
+# carries what it adds as a user property, and the tables are printed from the reports, so they are whole also
+# when pytest-xdist runs the tests in workers (whose own terminal summaries are not shown).
+SUMMARY_LINES = "summary_lines"  # (title lines, lines): appended under the title
+SUMMARY_COUNTS = "summary_counts"  # (title lines, {row: [counts]}): summed per row
+_LINES: dict[tuple[str, ...], list[str]] = {}
+_COUNTS: dict[tuple[str, ...], dict[str, list[int]]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == SUMMARY_LINES:
+            title, lines = value
+            _LINES.setdefault(tuple(title), []).extend(lines)
+        elif name == SUMMARY_COUNTS:
+            title, rows = value
+            table = _COUNTS.setdefault(tuple(title), {})
+            for row, counts in rows.items():
+                table[row] = [a + b for a, b in zip(table.get(row, [0] * len(counts)), counts, strict=True)]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    write = terminalreporter.write_line
+    for title, lines in _LINES.items():
+        for line in ("", *title, *lines):
+            write(line)
+    for title, table in _COUNTS.items():
+        for line in ("", *title):
+            write(line)
+        for row, counts in table.items():
+            write(row.format(*counts))
