@@ -8,6 +8,44 @@ import torch  # does not import triton
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # The CPU tests' tensors are tiny: a second intra-op thread only adds synchronisation, which costs many
+    # times the arithmetic when pytest-xdist's workers share the cores. Subprocesses (the CLI, torchrun) inherit
+    # the setting.
+    torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
+    # Inductor's pool of compile workers (processes that import torch) costs more than the few graphs a CPU
+    # test compiles; read when torch._inductor.config is first imported.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
+def _fresh(value):
+    """A copy of parsed YAML data (dicts, lists and scalars), so no caller shares a container with the cache."""
+    if isinstance(value, dict):
+        return {key: _fresh(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_fresh(item) for item in value]
+    return value
+
+
+def _memoise_yaml_parsing() -> None:
+    """Every apply() and tiny_model() loads the registry, parsing each bundled YAML file with PyYAML's pure-Python
+    composer (most of a load's time). The composition is a function of the file's path, its text and the size
+    limits, so the suite composes each distinct text once; errors are never cached, and the loader still reads
+    every file, validates every entry and checks every plugin and path on every load."""
+    from liger_registry.registry import yaml_source
+
+    compose, cache = yaml_source._compose, {}
+
+    def memoised(path, text):
+        key = (str(path), text, yaml_source.MAX_NODES, yaml_source.MAX_DEPTH)
+        if key not in cache:
+            cache[key] = compose(path, text)
+        data, node, shape = cache[key]
+        return _fresh(data), node, list(shape)
+
+    yaml_source._compose = memoised
+
+
+_memoise_yaml_parsing()
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -25,3 +63,36 @@ def glu_backend(request, monkeypatch):
         monkeypatch.setattr(triton_kernels, "BLOCK", getattr(request.module, "GLU_BLOCK", 16))
     monkeypatch.setenv(K.ENV_VAR, request.param)
     return request.param
+
+
+# End-of-run tables (tests/convergence: parity rows; tests/reliability: cases per category). A test's report
+# carries what it adds as a user property, and the tables are printed from the reports, so they are whole also
+# when pytest-xdist runs the tests in workers (whose own terminal summaries are not shown).
+SUMMARY_LINES = "summary_lines"  # (title lines, lines): appended under the title
+SUMMARY_COUNTS = "summary_counts"  # (title lines, {row: [counts]}): summed per row
+_LINES: dict[tuple[str, ...], list[str]] = {}
+_COUNTS: dict[tuple[str, ...], dict[str, list[int]]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == SUMMARY_LINES:
+            title, lines = value
+            _LINES.setdefault(tuple(title), []).extend(lines)
+        elif name == SUMMARY_COUNTS:
+            title, rows = value
+            table = _COUNTS.setdefault(tuple(title), {})
+            for row, counts in rows.items():
+                table[row] = [a + b for a, b in zip(table.get(row, [0] * len(counts)), counts, strict=True)]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    write = terminalreporter.write_line
+    for title, lines in _LINES.items():
+        for line in ("", *title, *lines):
+            write(line)
+    for title, table in _COUNTS.items():
+        for line in ("", *title):
+            write(line)
+        for row, counts in table.items():
+            write(row.format(*counts))

@@ -12,8 +12,6 @@ CATEGORIES = {
     "raw_exception": "raw exceptions escaping the public API",
 }
 TRIED: Counter = Counter()
-TESTS: Counter = Counter()
-FAILED: Counter = Counter()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,25 +54,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             _category(item)
 
 
+TITLE = ("reliability summary", f"{'category':<40} {'tests':>6} {'cases tried':>12} {'failing':>8}")
+_REPORTED: Counter = Counter()  # the cases tried already counted in an earlier report
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """The test's counts as a user property of its report; tests/conftest.py sums and prints them."""
     report = yield
     if report.when == "call" and item.get_closest_marker("reliability") is not None:
         category = _category(item)
-        TESTS[category] += 1
-        if report.failed:
-            FAILED[category] += 1
+        counts = {
+            key: [int(key == category), TRIED[key] - _REPORTED[key], int(key == category and report.failed)]
+            for key in CATEGORIES
+        }
+        _REPORTED.update({key: c[1] for key, c in counts.items()})
+        rows = {f"{name:<40} {{0:>6}} {{1:>12}} {{2:>8}}": counts[key] for key, name in CATEGORIES.items()}
+        rows |= {f"{name}: {{2}}": counts[key] for key, name in CATEGORIES.items()}
+        report.user_properties.append(("summary_counts", (TITLE, rows)))
     return report
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    if not TESTS:
-        return
-    write = terminalreporter.write_line
-    write("")
-    write("reliability summary")
-    write(f"{'category':<40} {'tests':>6} {'cases tried':>12} {'failing':>8}")
-    for key, name in CATEGORIES.items():
-        write(f"{name:<40} {TESTS[key]:>6} {TRIED[key]:>12} {FAILED[key]:>8}")
-    for key, name in CATEGORIES.items():
-        write(f"{name}: {FAILED[key]}")
