@@ -138,7 +138,7 @@ def test_vocab_chunks_are_even(bt, shape, c, width, n):
 
 # bench_flce on the H200 (bf16 fwd + bwd ms, old vocab geometry 33 x 3968 / 66 x 3072 without the reuse): the points
 # the vocab constants were fitted to, docs/design/flce-cost-model.md
-RUN1_VOCAB = {
+MEASURED_VOCAB_MS = {
     (2048, LLAMA): 14.35,
     (4096, LLAMA): 27.90,
     (8192, LLAMA): 55.39,
@@ -147,10 +147,10 @@ RUN1_VOCAB = {
     (8192, (2880, 201088)): 63.22,
     (16384, (2880, 201088)): 125.80,
 }
-RUN1_TOKENS = {(8192, LLAMA): 54.97, (16384, LLAMA): 90.67}
+MEASURED_TOKENS_MS = {(8192, LLAMA): 54.97, (16384, LLAMA): 90.67}
 
 
-@pytest.mark.parametrize("bt,shape", list(RUN1_VOCAB))
+@pytest.mark.parametrize("bt,shape", list(MEASURED_VOCAB_MS))
 def test_cost_model_reproduces_the_h200_vocab_timings(bt, shape, monkeypatch):
     from liger_registry.kernels.flce import plan as flce_plan
 
@@ -160,7 +160,7 @@ def test_cost_model_reproduces_the_h200_vocab_timings(bt, shape, monkeypatch):
     ms = flce_plan.vocab_ms(bt, *shape, old_width, 2, peaks) - flce_plan.target_logit_ms(
         bt, shape[0], 2, peaks
     )
-    assert ms == pytest.approx(RUN1_VOCAB[bt, shape], rel=0.02)
+    assert ms == pytest.approx(MEASURED_VOCAB_MS[bt, shape], rel=0.02)
 
 
 @pytest.mark.parametrize(
@@ -180,13 +180,13 @@ def test_planner_picks_the_faster_strategy_at_the_h200_points(bt, shape, pick):
     plan = K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200", weight_grad=False)
     assert plan.strategy == pick, plan
     tokens = K.flce_plan(bt, *shape, chunk_mem_const=1, strategy="tokens", gpu="NVIDIA H200")
-    if (bt, shape) in RUN1_TOKENS:
-        assert tokens.predicted_ms == pytest.approx(RUN1_TOKENS[bt, shape], rel=0.025)
+    if (bt, shape) in MEASURED_TOKENS_MS:
+        assert tokens.predicted_ms == pytest.approx(MEASURED_TOKENS_MS[bt, shape], rel=0.025)
 
 
 # bench_flce on the H200 (bf16 fwd + bwd ms): the vocab strategy with its widest chunks in dW's memory
 # (docs/design/flce-layouts.md, scratch geometry)
-RUN9_SCRATCH = {
+MEASURED_SCRATCH_MS = {
     (2048, LLAMA): 11.42,
     (4096, LLAMA): 23.39,
     (8192, LLAMA): 49.51,
@@ -197,7 +197,7 @@ RUN9_SCRATCH = {
 }
 
 
-@pytest.mark.parametrize("bt,shape", list(RUN9_SCRATCH))
+@pytest.mark.parametrize("bt,shape", list(MEASURED_SCRATCH_MS))
 def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
     """Within 5% of the scratch-geometry timings (the model runs 1-4% fast on GPT-OSS), and the planner picks it at the C=1 budget where
     it measured faster than tokens (Llama 16384: tokens 97.7 vs vocab 114.6 ms; picked tokens)."""
@@ -205,7 +205,7 @@ def test_cost_model_reproduces_the_h200_scratch_timings_and_picks_it(bt, shape):
     one_kept = flce_plan.vocab_ms(
         bt, shape[0], shape[1], plan.chunk_vocab, 2, flce_plan.peaks_for("H200"), True, 128, keep=False
     )
-    assert plan.scratch and one_kept == pytest.approx(RUN9_SCRATCH[bt, shape], rel=0.05)
+    assert plan.scratch and one_kept == pytest.approx(MEASURED_SCRATCH_MS[bt, shape], rel=0.05)
     assert plan.predicted_ms <= one_kept  # the kept geometry where N <= H (measured below)
     assert K.flce_plan(bt, *shape, chunk_mem_const=1, gpu="NVIDIA H200").strategy == "vocab"
     assert K.flce_plan(16384, *LLAMA, chunk_mem_const=1, gpu="NVIDIA H200").strategy == "tokens"
