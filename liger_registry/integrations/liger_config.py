@@ -37,10 +37,10 @@ def _section(entry: Any, key: str) -> Any:
 
 
 def _as_kinds(config: dict[str, bool], model_type: str, entry: Any) -> dict[str, bool]:
-    """Each key as the kinds the reference's switch patches on the type (compat's table: rms_norm also the fused
+    """Each key as the kinds the reference's switch patches on the type (registry.reference_switches: rms_norm also the fused
     add + norm, qwen3_moe's swiglu the experts), those the family has; a key mapping to none stays itself, for
     the rules below (off: a no-op, on: ignored with a warning)."""
-    from liger_registry.compat.entry_points import kinds_for
+    from liger_registry.registry.reference_switches import kinds_for
 
     out: dict[str, bool] = {}
     for key, value in config.items():
@@ -71,7 +71,7 @@ def overrides_from_liger_kernel_config(
     `True` means "use it where the family supports it" (liger's default): it changes nothing for a kernel that
     is on, switches on an opt-in one that is off by default (cross_entropy), and keeps a kernel the family entry
     turns off off, with a warning saying why. Each key means what the reference's switch patches on the model type
-    (the table of `liger_registry.compat`: `rms_norm` also the fused add + norm, the MoE types' `swiglu` also
+    (the table of `liger_registry.registry.reference_switches`: `rms_norm` also the fused add + norm, the MoE types' `swiglu` also
     `moe_experts`). Knobs pass through as overrides. Pass `model_type` to have the family checked; without it the
     values map one to one.
     """

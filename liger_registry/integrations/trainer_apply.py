@@ -25,7 +25,7 @@ FLCE_ENABLED = OVERRIDE_PATHS["fused_linear_cross_entropy"]
 def _named(wanted: ResolvedConfig, config: Mapping[str, Any], model_type: str) -> list[str]:
     """The knobs the caller names: set by its policy or overrides, and the kernels its config switches on
     (`True` asks for the family's kernels that the reference's switch patches, which the overrides do not carry)."""
-    from liger_registry.compat.entry_points import kinds_for
+    from liger_registry.registry.reference_switches import kinds_for
 
     named = [knob for knob, source in wanted.provenance.items() if source.layer in ASKED_LAYERS]
     switched_on = [

@@ -205,7 +205,7 @@ def _named_device(plan):
 
     import torch
 
-    from liger_registry.kernels.flce.cost import DEFAULT_PEAKS, PEAKS
+    from liger_registry.kernels.flce.plan import DEFAULT_PEAKS, PEAKS
 
     if getattr(plan, "device", None) != DEFAULT_PEAKS.name:
         return plan

@@ -84,6 +84,7 @@ def test_liger_kernel_config_style_knobs():
     config = {"rms_norm": False, "max_chunk_mib": 256, "flce_strategy": "vocab"}
     assert overrides_from_liger_kernel_config(config, "llama") == {
         "rms_norm": False,
+        "add_rms_norm": False,  # the reference's rms_norm switch is every RMSNorm, the fused add + norm too
         "max_chunk_mib": 256,
         "flce_strategy": "vocab",
     }
