@@ -97,6 +97,11 @@ def _cos_sin(kind: str, width: int = D):
 
 QK_LAYOUTS = ("contiguous", "transposed", "fused-qkv")
 COS_LAYOUTS = ("broadcast", "per-batch", "expanded")
+# q/k strides and cos/sin strides are separate kernel arguments with no branch on their combination: every q/k
+# layout with broadcast tables, and every table layout with transposed q/k, reach each layout's path.
+QK_COS_PAIRS = tuple((qk, "broadcast") for qk in QK_LAYOUTS) + tuple(
+    ("transposed", cs) for cs in COS_LAYOUTS if cs != "broadcast"
+)
 
 
 # ---------------------------------------------------------------- the cases
@@ -252,15 +257,14 @@ def _weightless_layer_norm_cases() -> list[Case]:
 
 def _rope_cases() -> list[Case]:
     cases = []
-    for qk in QK_LAYOUTS:
-        for cs in COS_LAYOUTS:
-            for backward in (False, True):
+    for qk, cs in QK_COS_PAIRS:
+        for backward in (False, True):
 
-                def make(backend, qk=qk, cs=cs, backward=backward):
-                    q, k = _qk(qk, grad=not backward)
-                    return (q, k, *_cos_sin(cs), backward, backend)
+            def make(backend, qk=qk, cs=cs, backward=backward):
+                q, k = _qk(qk, grad=not backward)
+                return (q, k, *_cos_sin(cs), backward, backend)
 
-                cases.append(Case("rope", f"{qk}-{cs}-{'bwd' if backward else 'fwd'}", BOTH, make))
+            cases.append(Case("rope", f"{qk}-{cs}-{'bwd' if backward else 'fwd'}", BOTH, make))
     return cases + _rope_table_cases()
 
 
@@ -419,21 +423,20 @@ TRITON = ("triton",)  # the variants' ops wrap their Triton launchers; their tor
 
 def _variant_cases() -> list[Case]:
     cases = []
-    for qk in QK_LAYOUTS:
-        for cs in COS_LAYOUTS:
-            for name, opts in {
-                "partial": (D // 2, False, False),
-                "interleaved-per-pair": (D, True, True),
-                "half-split": (D, False, True),
-            }.items():
-                rot, interleaved, per_pair = opts
+    for qk, cs in QK_COS_PAIRS:
+        for name, opts in {
+            "partial": (D // 2, False, False),
+            "interleaved-per-pair": (D, True, True),
+            "half-split": (D, False, True),
+        }.items():
+            rot, interleaved, per_pair = opts
 
-                def rope(_backend, qk=qk, cs=cs, rot=rot, interleaved=interleaved, per_pair=per_pair):
-                    q, k = _qk(qk, grad=True)
-                    cos, sin = _cos_sin(cs, rot // 2 if per_pair else rot)
-                    return (q, k, cos, sin, rot, interleaved, per_pair, q.dtype, k.dtype, False)
+            def rope(_backend, qk=qk, cs=cs, rot=rot, interleaved=interleaved, per_pair=per_pair):
+                q, k = _qk(qk, grad=True)
+                cos, sin = _cos_sin(cs, rot // 2 if per_pair else rot)
+                return (q, k, cos, sin, rot, interleaved, per_pair, q.dtype, k.dtype, False)
 
-                cases.append(Case("rope_variant", f"{qk}-{cs}-{name}", TRITON, rope))
+            cases.append(Case("rope_variant", f"{qk}-{cs}-{name}", TRITON, rope))
     for qk in ("transposed", "fused-qkv"):
         for name, (rot, interleaved, per_pair, width) in {
             "2d-table-partial": (D // 2, False, False, D // 2),
