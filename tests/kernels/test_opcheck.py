@@ -612,9 +612,16 @@ def test_opcheck(case: Case, backend: str):
     torch.library.opcheck(getattr(OPS, case.op).default, args, test_utils=utils)
 
 
-@pytest.mark.parametrize("kind", ["transposed-bias-clamped", "split", "transposed-bias-split"])
-@pytest.mark.parametrize("layout", ["contiguous", "strided-rows"])
-def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(layout, kind, monkeypatch):
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "contiguous-transposed-bias-clamped",
+        "contiguous-split",
+        "contiguous-transposed-bias-split",
+        "strided-rows-swiglu",
+    ],
+)
+def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(case_id, monkeypatch):
     """The weight and bias gradients as torch._grouped_mm (what CUDA runs), forced on the CPU's grouped GEMM: the
     bias gradients must come back in the fake's contiguous layout (a strided view broke inductor on CUDA), the
     weight gradients in their weights' layouts (split: the down weight a transposed view)."""
@@ -623,7 +630,7 @@ def test_opcheck_moe_backward_with_grouped_mm_weight_gradients(layout, kind, mon
     from liger_registry.kernels.moe import op as moe_ops
 
     monkeypatch.setattr(moe_ops, "wgrad_by_grouped_mm", lambda x, h: True)
-    case = next(c for c in CASES if c.op == "moe_experts_bwd" and c.layout == f"{layout}-{kind}")
+    case = next(c for c in CASES if c.op == "moe_experts_bwd" and c.layout == case_id)
     torch.library.opcheck(OPS.moe_experts_bwd.default, case.make("triton"))
 
 
