@@ -337,12 +337,7 @@ def run_job(job: dict) -> dict:
         out.update(train(job, model, device))
         out["ok"] = True
     except Exception as exc:  # noqa: BLE001 - an OOM or a missing peer is a result of this configuration
-        out.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
-        expected = ("ImportError", "ModuleNotFoundError", "OutOfMemoryError", "RegistryError", "PatchError")
-        if type(exc).__name__ not in expected:
-            import traceback
-
-            traceback.print_exc()
+        harness.record_failure(out, exc)
     import transformers
 
     out["env"] = {"torch": torch.__version__, "transformers": transformers.__version__}

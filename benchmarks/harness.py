@@ -207,6 +207,21 @@ def median_ms(
     return measure({"fn": fn}, warmup=warmup, repeats=repeats, grad_to_none=grad_to_none)["fn"].median
 
 
+# failures that are a result of the configuration (no peer installed, out of memory, a family we refuse), not of
+# the bench: recorded in the row without a traceback
+EXPECTED_FAILURES = ("ImportError", "ModuleNotFoundError", "OutOfMemoryError", "RegistryError", "PatchError")
+
+
+def record_failure(out: dict, exc: BaseException) -> None:
+    """The row of a run that raised: ``ok`` False and the error; a traceback printed unless the failure is one a
+    configuration may legitimately end in."""
+    out.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:400])
+    if type(exc).__name__ not in EXPECTED_FAILURES:
+        import traceback
+
+        traceback.print_exception(exc)
+
+
 def time_steps(step: Callable[[int], object], steps: int, cuda: bool) -> tuple[list, list[float]]:
     """Run ``step(i)`` for each step, the device synchronised around each: (what each returned, seconds)."""
     sync = _cuda_sync if cuda else (lambda: None)
