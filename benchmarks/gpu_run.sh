@@ -3,7 +3,7 @@
 # bench's cce rows), then runs the chosen parts, each under its own time limit; one log (run.log) and the benches'
 # result files (JSON, PNG, measurements.csv) under $OUT (default benchmarks/results).
 # Usage: LIMIT_S=SECONDS bash benchmarks/gpu_run.sh PART...   (default parts: tests flce e2e)
-#   tests          the GPU tests (pytest -m gpu): tests/kernels, tests/alignment/test_gpu_alignment.py,
+#   tests          the GPU tests (pytest -m gpu; over GPU_TEST_WORKERS xdist processes where xdist is installed): tests/kernels, tests/alignment/test_gpu_alignment.py,
 #                  tests/integrations/test_checkpointing.py; summary JSON in $OUT/gpu_tests.json
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
 #                  transformers), compile-check rules
@@ -85,12 +85,31 @@ probe() {  # probe NAME LIMIT TAIL_LINES MODULE ARGS...: python -m benchmarks.pr
   part "$name" "$limit" "$lines" python3 -m "benchmarks.probes.$module" "$@"
 }
 PYTEST="python3 -m pytest -q -p no:cacheprovider"
+# the test parts spread over GPU_TEST_WORKERS pytest-xdist processes (default 8) where xdist is installed (carry its
+# wheels in .whl/): they spend most of their time compiling kernels, which is host work
+WORKERS=""
+if python3 -c "import xdist" 2> /dev/null && [[ "${GPU_TEST_WORKERS:-8}" != 0 ]]; then
+  WORKERS="-n ${GPU_TEST_WORKERS:-8}"
+fi
+join_reports() {  # join_reports FILE: the xdist workers' FILE-stem.gwN.json into FILE
+  python3 - "$1" << 'PY'
+import glob, json, os, sys
+path = sys.argv[1]
+parts = sorted(glob.glob(os.path.splitext(path)[0] + ".gw*.json"))
+if parts:
+    loaded = [json.load(open(p)) for p in parts]
+    json.dump({"device": loaded[0]["device"], "rows": [r for d in loaded for r in d["rows"]]}, open(path, "w"), indent=1)
+    for p in parts:
+        os.remove(p)
+PY
+}
 for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-300}" 30 \
-             python3 -m pytest -q -s -m gpu tests/kernels tests/alignment/test_gpu_alignment.py \
-             tests/integrations/test_checkpointing.py ;;
-    fidelity) part fidelity "${T_FIDELITY:-180}" 12 $PYTEST tests/kernels/test_opcheck.py \
+             $PYTEST $WORKERS -s -m gpu tests/kernels tests/alignment/test_gpu_alignment.py \
+             tests/integrations/test_checkpointing.py
+           join_reports "$OUT/gpu_tests.json" ;;
+    fidelity) part fidelity "${T_FIDELITY:-180}" 12 $PYTEST $WORKERS tests/kernels/test_opcheck.py \
                 tests/kernels/test_compile_variants.py tests/convergence/test_moe_router_logits.py \
                 tests/integrations/test_compile_families.py -k "not test_inductor_compile_with_triton" ;;
     parity) part parity "${T_PARITY:-300}" 60 $PYTEST -m gpu tests/convergence -k "not with_logits" ;;

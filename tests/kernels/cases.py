@@ -134,6 +134,10 @@ def record(case, name, dtype, err, bound, *, quiet=False) -> dict:
 
 def write_report():
     path = os.environ.get("GPU_TEST_REPORT")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if path and worker:  # one file per xdist worker, beside the named one; the GPU runner joins them
+        root, ext = os.path.splitext(path)
+        path = f"{root}.{worker}{ext}"
     if path and ROWS:
         with open(path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "rows": ROWS}, f, indent=1)
