@@ -97,7 +97,7 @@ def _is_cuda() -> bool:
 
 
 class _Clock:
-    """Times one call: CUDA events (a cold L2 before each call) on the GPU, perf_counter on the CPU."""
+    """Times one call: CUDA events from an idle GPU (a cold L2 before each call), perf_counter on the CPU."""
 
     def __init__(self, cuda: bool, flush_l2: bool):
         import torch
@@ -116,6 +116,9 @@ class _Clock:
             return
         if self.flush is not None:
             self.flush.zero_()
+        # an idle GPU when the call starts: queued behind a slower method, a host-bound call would be timed by its
+        # kernels alone, its launch overhead hidden
+        self.torch.cuda.synchronize()
         start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
