@@ -1,6 +1,7 @@
-"""Every ```python block of docs/*.md runs on its own, as the docs promise, in a fresh interpreter.
+"""Every ```python block of docs/*.md runs on its own, as the docs promise, in a process of its own.
 
-A block is found wherever it is (a block added to any docs/*.md later is picked up), and run as a script in
+A block is found wherever it is (a block added to any docs/*.md later is picked up), and run as a script (forked
+from an interpreter that has imported torch, transformers and the package: tests/snippet_server.py) in
 an empty directory with this checkout first on the path and the Hugging Face hub offline. The HTML comment on
 the line before a block may say how to run it:
 
@@ -11,6 +12,7 @@ the line before a block may say how to run it:
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -96,22 +98,68 @@ def test_a_directive_applies_to_the_next_block_only(tmp_path):
     ]
 
 
+def _snippet_env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": path}
+    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
+    return env
+
+
+@pytest.fixture(scope="module")
+def forked():
+    """A snippet server (tests/snippet_server.py): each snippet runs in a process forked after the heavy imports."""
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("snippet_server.py"))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=_snippet_env(),
+        text=True,
+    )
+
+    def run(script: Path) -> tuple[int, str, str]:
+        job = {"script": str(script), "cwd": str(script.parent), "timeout": TIMEOUT_S}
+        server.stdin.write(json.dumps(job) + "\n")
+        server.stdin.flush()
+        reply = server.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"the snippet server died (rc {server.poll()})")
+        out = [(script.parent / name).read_text(errors="replace") for name in ("stdout.txt", "stderr.txt")]
+        return json.loads(reply)["rc"], *out
+
+    yield run
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
-def test_snippet_runs_on_its_own(snippet: Snippet, tmp_path):
+def test_snippet_runs_on_its_own(snippet: Snippet, tmp_path, forked):
     if snippet.skip:
         pytest.skip(f"{snippet.id}: {snippet.skip}")
     script = tmp_path / "snippet.py"
     script.write_text(snippet.code, encoding="utf-8")
-    launcher = [sys.executable]
     if snippet.nproc:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={snippet.nproc}"]
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": path}
-    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
-    done = subprocess.run(
-        [*launcher, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    assert done.returncode == 0, f"{snippet.id} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        done = subprocess.run(
+            [*launcher, f"--nproc_per_node={snippet.nproc}", str(script)],
+            cwd=tmp_path,
+            env=_snippet_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        rc, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        rc, stdout, stderr = forked(script)
+    assert rc == 0, f"{snippet.id} failed:\n{stdout[-3000:]}\n{stderr[-5000:]}"
+
+
+def test_a_failing_snippet_fails(tmp_path, forked):
+    script = tmp_path / "snippet.py"
+    script.write_text("import sys\nprint('out')\nraise ValueError('the snippet broke')\n", encoding="utf-8")
+    rc, stdout, stderr = forked(script)
+    assert (rc, stdout) == (1, "out\n") and "ValueError: the snippet broke" in stderr
+    script.write_text("print(torch)\n", encoding="utf-8")  # the server's imports are not the snippet's
+    assert forked(script)[0] == 1
 
 
 def _read_variables(source: str) -> set[str]:
