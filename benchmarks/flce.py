@@ -769,9 +769,10 @@ def plan_table(args) -> int:
                 layout = (
                     f"{plan.num_chunks} x [{plan.chunk_tokens}, {plan.chunk_vocab}] {plan.buffer_mib:.0f} MiB"
                 )
-                rows.append([f"{shape} H={h} V={v}", bt, label, t_ms, v_ms, plan.strategy, layout])
+                cost = [getattr(plan, k, None) for k in ("gemms", "held_mib", "peak_mib")]
+                rows.append([f"{shape} H={h} V={v}", bt, label, t_ms, v_ms, plan.strategy, *cost, layout])
     cols = [("shape", ""), ("BT", "d"), ("budget", ""), ("tokens ms", ".1f"), ("vocab ms", ".1f")]
-    cols += [("pick", ""), ("plan", "")]
+    cols += [("pick", ""), ("GEMMs", ".2f"), ("held MiB", ".0f"), ("peak MiB", ".0f"), ("plan", "")]
     harness.print_table(cols, rows, f"FLCE planner for {args.gpu}; peaks: {peaks}")
     return 0
 
