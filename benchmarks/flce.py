@@ -9,7 +9,8 @@ process (one ``torch.mm`` of 8192^3; on CPU fp32 256^3). Every row gives its med
 
 Methods (``rows`` of the JSON, one per head, tokens and method; ``method`` is the name):
 
-* ``ours``: ``fused_linear_cross_entropy`` at its default budget (C=1), with the plan it ran;
+* ``ours``: ``fused_linear_cross_entropy`` at the budget the registry resolves for the head's model type (what a
+  patched model runs: C=1 for Llama-3, the GPT-OSS policy's C=8 for GPT-OSS), with the plan it ran;
 * ``cce``: cut-cross-entropy's ``linear_cross_entropy`` (its default impl; a benchmark-only peer imported here
   when installed, else the row says why);
 * ``liger``: liger-kernel's fused linear cross entropy at C=1 (benchmark-only peer);
@@ -18,7 +19,8 @@ Methods (``rows`` of the JSON, one per head, tokens and method; ``method`` is th
 * ``unpatched``: ``F.cross_entropy((x @ W.T).float(), t)``, what a model does without a fused head.
 
 Variants (``variants`` of the JSON, chosen with ``--methods``; ``gemms`` runs by default): ``gemms`` (the three
-GEMMs of this shape as bare cuBLAS calls: how far the shape's own GEMMs are from the dense rate), ``ours C=8``,
+GEMMs of this shape as bare cuBLAS calls: how far the shape's own GEMMs are from the dense rate), ``ours C=1``,
+``ours C=8``,
 ``ours throughput`` (max_chunk_mib=512), ``ours tokens`` / ``ours vocab`` (the strategy forced),
 ``ours 1-kept`` / ``ours all-kept`` (vocab layouts), ``liger C=8``, ``cce exact`` (no gradient filtering).
 
@@ -48,7 +50,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
+import json
 import math
 import statistics
 import sys
@@ -78,6 +82,7 @@ METHODS = (
     ("liger", "liger", {"chunk_mem_const": 1}),
     ("torch_native", "torch_native", {}),
     ("gemms", "gemms", {}),
+    ("ours C=1", "ours", {"chunk_mem_const": 1}),
     ("ours C=8", "ours", {"chunk_mem_const": 8}),
     ("ours throughput", "ours", {"max_chunk_mib": THROUGHPUT_MIB}),
     ("ours tokens", "ours", {"strategy": "tokens"}),
@@ -461,8 +466,23 @@ def targets_of(ours: dict, peers: list[dict]) -> dict[str, bool | None]:
     return out
 
 
+@functools.cache
+def head_budget(shape: str) -> dict:
+    """The FLCE budget the registry resolves for the head's model type (its family entry and bundled policies:
+    GPT-OSS C=8), as keyword arguments of ours; {} (the default budget) when the registry cannot say."""
+    try:
+        from liger_registry import explain
+
+        resolved = explain(shape)
+        knobs = {k: resolved.value(f"flce.{k}") for k in ("chunk_mem_const", "max_chunk_mib")}
+    except Exception:  # noqa: BLE001 - a head without a registry entry runs the default budget
+        return {}
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
 def run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, rate) -> list[dict]:
-    methods = args.method_list
+    budget = head_budget(shape)
+    methods = [(n, k, budget if n == "ours" else kw) for n, k, kw in args.method_list]
     w = make_weight(h, v, device, dtype)
     data = {kind: make_hidden(bt, w, kind) for kind in args.inputs.split(",")}
     ctx = {"shape": shape, "w": w, "api": api, "problems": problems}
@@ -647,25 +667,15 @@ def main(argv=None) -> int:
     for key, why in api.items():
         if why:
             print(f"flce: {why}; rows that need {key} are skipped")
+    results = harness.Results("flce", args.out)
+    env = dict(results.env, cut_cross_entropy=harness._version("cut-cross-entropy") or "not installed")
+    results.set_env(env)
     timer = Timer(cuda, args.warmup_ms, args.rep_ms)
     start = time.perf_counter()
     rate = dense_rate(cuda, args.warmup_ms, args.rep_ms)
     print(
-        f"flce: dense {rate['dtype']} GEMM {rate['n']}^3: {rate['ms']:.3f} ms, {rate['tflops']:.1f} TFLOP/s"
+        f"flce: dense {rate['dtype']} GEMM {rate['n']}^3: {rate['ms']:.3f} ms, {rate['tflops']:.4g} TFLOP/s"
     )
-    rows = []
-    for shape in args.shapes.split(","):
-        h, v = shapes[shape]
-        for bt in bts:
-            rows += run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, rate)
-    sweep_s = time.perf_counter() - start
-    small = ("llama", 2048) if cuda else ("llama", 64)
-    checks = loss_check(
-        small[0], *shapes[small[0]], small[1], inputs[0], device, dtype, api, problems, args.method_list
-    )
-    results = harness.Results("flce", args.out)
-    env = dict(results.env, cut_cross_entropy=harness._version("cut-cross-entropy") or "not installed")
-    results.set_env(env)
     meta = {
         "dtype": str(dtype).removeprefix("torch."),
         "inputs": inputs,
@@ -673,15 +683,22 @@ def main(argv=None) -> int:
         "warmup_ms": args.warmup_ms,
         "rep_ms": args.rep_ms,
         "env": env,
-        "wall_s": sweep_s,
-        "errors": sum(1 for r in rows if "error" in r),
         "json": str(results.path("json")),
     }
+    rows: list[dict] = []
+    for shape in args.shapes.split(","):
+        h, v = shapes[shape]
+        for bt in bts:
+            rows += run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, rate)
+            write_partial(results, payload(args, api, meta, rows, None))
+    meta["wall_s"] = time.perf_counter() - start
+    meta["errors"] = sum(1 for r in rows if "error" in r)
+    small = ("llama", 2048) if cuda else ("llama", 64)
+    checks = loss_check(
+        small[0], *shapes[small[0]], small[1], inputs[0], device, dtype, api, problems, args.method_list
+    )
     record(results, rows, inputs)
-    headline = [r for r in rows if r["method"] in HEADLINE]
-    variants = [r for r in rows if r["method"] not in HEADLINE]
-    payload = {"meta": meta, "args": {k: v for k, v in vars(args).items() if k != "method_list"}, "api": api}
-    results.write({**payload, "rows": headline, "variants": variants, "loss_check": checks})
+    results.write(payload(args, api, meta, rows, checks))
     errors = [
         f"{r['head']} BT={r['tokens']} {r['method']}: {r['error']}"
         for r in rows
@@ -691,6 +708,24 @@ def main(argv=None) -> int:
         print("ERROR", e[:200])
     print_table(rows, checks, meta)
     return 0
+
+
+def payload(args, api, meta, rows: list[dict], checks: list[dict] | None) -> dict:
+    """The result file's content: ``rows`` (the headline methods), ``variants`` (the others), the loss check
+    (None: the sweep is not finished)."""
+    return {
+        "meta": meta,
+        "args": {k: v for k, v in vars(args).items() if k != "method_list"},
+        "api": api,
+        "rows": [r for r in rows if r["method"] in HEADLINE],
+        "variants": [r for r in rows if r["method"] not in HEADLINE],
+        "loss_check": checks,
+    }
+
+
+def write_partial(results: harness.Results, content: dict) -> None:
+    """The JSON of the groups finished so far (no CSV rows): a sweep stopped by its time limit keeps them."""
+    results.path("json").write_text(json.dumps({"env": results.env, **content}, indent=1, default=str))
 
 
 # --- the strategy calibration (--strategies) and the planner's table (--plan-table)

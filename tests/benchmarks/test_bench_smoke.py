@@ -119,6 +119,21 @@ def test_flce_cpu_smoke(tmp_path: Path, capsys) -> None:
     assert 1.0 < checks["ours"]["loss"] < 3.5
 
 
+def test_flce_ours_runs_the_budget_the_registry_gives_the_head(tmp_path: Path, monkeypatch) -> None:
+    assert bench_flce.head_budget("llama") == {"chunk_mem_const": 1}
+    assert bench_flce.head_budget("gpt_oss") == {"chunk_mem_const": 8}  # the bundled GPT-OSS policy
+    assert bench_flce.head_budget("not_a_model_type") == {}
+    # a sweep stopped before its end (here: the loss check fails) keeps the groups it finished
+    monkeypatch.setattr(bench_flce, "loss_check", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+    argv = ["--cpu-smoke", "--shapes", "gpt_oss", "--bt", "64", "--methods", "unpatched,ours", "--out"]
+    with pytest.raises(RuntimeError, match="stop"):
+        bench_flce.main([*argv, str(tmp_path), "--no-repeat"])
+    data = _json(tmp_path, "bench_flce")
+    (ours,) = [r for r in data["rows"] if r["method"] == "ours"]
+    assert ours["kwargs"] == {"chunk_mem_const": 8} and ours["ms"] > 0
+    assert data["loss_check"] is None and not (tmp_path / "measurements.csv").exists()
+
+
 def test_flce_targets_of_ours() -> None:
     ours = {"method": "ours", "tokens": 4096, "H": 4096, "ms": 11.0, "x_floor": 1.12, "peak_mib": 1100.0}
     peers = [
