@@ -1,26 +1,46 @@
-"""FLCE benchmark: tokens per step x two head shapes; floor, unpatched, liger-kernel, ours per plan.
+"""FLCE benchmark: every head against its three-GEMM floor, ours against every peer, per head and tokens.
 
-Shapes: Llama-3 (H=4096, V=128256) and GPT-OSS (H=2880, V=201088); BT = 2048, 4096, 8192, 16384 tokens; bf16,
-forward + backward w.r.t. hidden and weight. Data: hidden ~ N(0,1), weight ~ N(0, 0.02^2), uniform targets
-("random"); with --peaked also hidden aligned with the target row (a confident model). Per row: median ms (the
-harness: every row of a (shape, BT) group warmed up, then their calls interleaved), incremental peak MiB (max_memory_allocated during one step minus what was allocated
-before: inputs and weight excluded, gradients included), and for ours the plan of kernels.flce_plan (strategy,
-chunk sizes). Rows: the 3-GEMM floor (logits, dX, dW as bare cuBLAS GEMMs), unpatched (materialised logits +
-F.cross_entropy, what HF does), liger-kernel 0.8.5 at C=1 and C=8 (peer, imported here only),
-cut-cross-entropy's linear_cross_entropy (peer, imported here only when installed, else its rows say
-"skipped: not installed"; `cce`: its default impl, which skips gradient terms below bf16 resolution, and
-`cce exact`: impl cce_exact, no skipping), ours at the
-default budget, at C=8, with the `throughput` budget (max_chunk_mib=512), and forced tokens / forced vocab at
-the default budget (to check the planner's choice). The targets are evaluated per row. A loss and
-gradient check against float64 runs on one small shape. JSON under --out; the table is printed last.
-Besides ``rows`` of the run's own names, each row carries ``head`` (the shape), ``tokens``, ``family`` (floor,
-unpatched, liger, cce, ours) and ``ms``, the random-input median.
+Heads: Llama-3 (H=4096, V=128256) and GPT-OSS (H=2880, V=201088); BT = 2048, 4096, 8192, 16384 tokens; bf16,
+forward + backward w.r.t. hidden and weight.
+
+The floor is three GEMMs (logits, dX, dW): ``6 N H V`` FLOPs at the dense bf16 GEMM rate measured in the same
+process (one ``torch.mm`` of 8192^3; on CPU fp32 256^3). Every row gives its median ms as a multiple of that floor
+(``x_floor``) and of the unpatched head (``x_unpatched``).
+
+Methods (``rows`` of the JSON, one per head, tokens and method; ``method`` is the name):
+
+* ``ours``: ``fused_linear_cross_entropy`` at the budget the registry resolves for the head's model type (what a
+  patched model runs: C=1 for Llama-3, the GPT-OSS policy's C=8 for GPT-OSS), with the plan it ran;
+* ``cce``: cut-cross-entropy's ``linear_cross_entropy`` (its default impl; a benchmark-only peer imported here
+  when installed, else the row says why);
+* ``liger``: liger-kernel's fused linear cross entropy at C=1 (benchmark-only peer);
+* ``torch_native``: ``torch.nn.functional.linear_cross_entropy`` with ``LinearCrossEntropyOptions()`` (its
+  chunked path) where the installed torch has it;
+* ``unpatched``: ``F.cross_entropy((x @ W.T).float(), t)``, what a model does without a fused head.
+
+Variants (``variants`` of the JSON, chosen with ``--methods``; ``gemms`` runs by default): ``gemms`` (the three
+GEMMs of this shape as bare cuBLAS calls: how far the shape's own GEMMs are from the dense rate), ``ours C=1``,
+``ours C=8``,
+``ours throughput`` (max_chunk_mib=512), ``ours tokens`` / ``ours vocab`` (the strategy forced),
+``ours 1-kept`` / ``ours all-kept`` (vocab layouts), ``liger C=8``, ``cce exact`` (no gradient filtering).
+
+Inputs (``--inputs``, the first one gives ``ms``): ``confident`` (default: hidden leans on its target's weight
+row so that the loss is about 2, a trained model's softmax) and ``random`` (hidden ~ N(0,1): a dense softmax,
+as at initialisation; cut-cross-entropy's gradient filtering skips nothing there). Weight ~ N(0, 0.02^2).
+
+Per row: median ms (the harness: each row warmed up, then the calls of a group's rows interleaved; the headline
+rows timed twice, best of two medians), ``peak_mib`` (max_memory_allocated during one step minus what was
+allocated before it: inputs and weight excluded, gradients included), ``x_floor``, ``x_unpatched``. Targets of
+``ours``: <= 1.15x the floor at >= 4096 tokens, <= 1.10x where tokens <= H, no slower than any peer (cce, liger,
+torch_native), peak <= 1.10x cut-cross-entropy's. A loss and gradient check against float64 runs on one small
+shape. JSON and CSV under --out; the table is printed last.
 
 Two more modes: ``--strategies`` times each FLCE strategy forced, against the planner's predicted ms (the cost
 model's calibration, docs/design/flce-cost-model.md), and ``--plan-table`` prints the planner's choice and
 predicted ms for the shapes without timing anything (no GPU needed; ``--gpu`` names the device's peaks).
 
-Usage: python -m benchmarks flce [--quick] [--peaked] [--shapes llama,gpt_oss] [--bt 2048,4096]
+Usage: python -m benchmarks flce [--quick] [--inputs confident,random] [--shapes llama,gpt_oss] [--bt 2048,4096]
+                                 [--methods ours,cce,liger,torch_native,unpatched,gemms,ours C=8,...]
        python -m benchmarks flce --cpu-smoke     # tiny shapes on CPU: checks the script, measures nothing
        python -m benchmarks flce --strategies [--quick]
        python -m benchmarks flce --plan-table [--gpu "NVIDIA H200"]
@@ -30,7 +50,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
+import json
+import math
 import statistics
 import sys
 import time
@@ -45,17 +68,21 @@ SHAPES = {"llama": (4096, 128256), "gpt_oss": (2880, 201088), "qwen3": (4096, 15
 DEFAULT_SHAPES = ("llama", "gpt_oss")
 SMOKE_SHAPES = {"llama": (32, 500), "gpt_oss": (24, 700), "qwen3": (32, 600)}
 BTS = (2048, 4096, 8192, 16384)
+QUICK_BTS = (2048, 8192)  # one length with tokens <= H, one with tokens > H
 SMOKE_BTS = (64, 256)
 THROUGHPUT_MIB = 512
-# (row name, kind, keyword arguments of ours / chunk_mem_const of the peer)
+INPUTS = ("confident", "random")
+# the dense GEMM that measures the floor's rate: its side on CUDA (bf16) and on CPU (fp32)
+DENSE_N, SMOKE_DENSE_N = 8192, 256
+# (name, kind, keyword arguments of ours / chunk_mem_const of liger / impl of cce)
 METHODS = (
-    ("floor", "floor", {}),
     ("unpatched", "unpatched", {}),
-    ("peer C=1", "peer", {"chunk_mem_const": 1}),
-    ("peer C=8", "peer", {"chunk_mem_const": 8}),
+    ("ours", "ours", {}),
     ("cce", "cce", {"impl": "cce"}),
-    ("cce exact", "cce", {"impl": "cce_exact"}),
-    ("ours default", "ours", {}),
+    ("liger", "liger", {"chunk_mem_const": 1}),
+    ("torch_native", "torch_native", {}),
+    ("gemms", "gemms", {}),
+    ("ours C=1", "ours", {"chunk_mem_const": 1}),
     ("ours C=8", "ours", {"chunk_mem_const": 8}),
     ("ours throughput", "ours", {"max_chunk_mib": THROUGHPUT_MIB}),
     ("ours tokens", "ours", {"strategy": "tokens"}),
@@ -64,17 +91,19 @@ METHODS = (
     # kept_geometry), and every chunk kept where that applies (N <= H)
     ("ours 1-kept", "ours_layout", {"strategy": "vocab"}),
     ("ours all-kept", "ours_layout", {"strategy": "vocab"}),
+    ("liger C=8", "liger", {"chunk_mem_const": 8}),
+    ("cce exact", "cce", {"impl": "cce_exact"}),
 )
+# the JSON's `rows`: one per head, tokens and each of these methods; every other method is a variant
+HEADLINE = ("ours", "cce", "liger", "torch_native", "unpatched")
+DEFAULT_METHODS = (*HEADLINE, "gemms")
+# the peers ours must not be slower than (their default configurations)
+PEERS = ("cce", "liger", "torch_native")
 # the vocab layout of each "ours_layout" row: vocab_geometry's keep
 LAYOUTS = {"ours 1-kept": False, "ours all-kept": True}
-# rows the targets compare: timed twice, interleaved with the others, best of the two medians
-REPEATED = ("floor", "unpatched", "peer C=1", "cce", "ours default", "ours throughput")
-# row kinds of other libraries, for the peers target: ours default no slower than every peer at or below its peak
-PEERS = ("peer", "cce")
 PLAN_COST_FIELDS = ("predicted_ms", "cost_ms", "est_ms", "time_ms")
-# the library each row kind stands for, in the rows' "family" key
-FAMILIES = {"floor": "floor", "unpatched": "unpatched", "peer": "liger", "cce": "cce", "ours": "ours"}
-FAMILIES["ours_layout"] = "ours"
+# the targets of ours (the floor's multiples; its peak against cut-cross-entropy's)
+FLOOR_LONG, FLOOR_LONG_TOKENS, FLOOR_SHORT, PEAK_OVER_CCE = 1.15, 4096, 1.10, 1.10
 # the strategy calibration (--strategies): budgets of the planner, shapes from SHAPES
 BUDGETS = {"C=1": {"chunk_mem_const": 1}, "C=8": {"chunk_mem_const": 8}, "512MiB": {"max_chunk_mib": 512}}
 
@@ -82,17 +111,23 @@ BUDGETS = {"C=1": {"chunk_mem_const": 1}, "C=8": {"chunk_mem_const": 8}, "512MiB
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="a ~1 minute subset: BT 2048 and 8192 of both shapes")
-    p.add_argument("--peaked", action="store_true", help="also time every row on confident ('peaked') inputs")
+    p.add_argument(
+        "--inputs", default="confident", help="comma list of " + ", ".join(INPUTS) + " (first: ms)"
+    )
     p.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help="comma list of " + ", ".join(SHAPES))
     p.add_argument("--bt", default=None, help="comma list of tokens per call (default 2048,4096,8192,16384)")
-    p.add_argument("--methods", default=None, help="comma list of row names (default: all)")
+    p.add_argument(
+        "--methods",
+        default=",".join(DEFAULT_METHODS),
+        help="comma list of method names, or 'all': " + ", ".join(m[0] for m in METHODS),
+    )
     p.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up of each row (ms of running)")
     p.add_argument("--rep-ms", type=float, default=300.0, help="timed calls of each row (ms of running)")
     p.add_argument(
-        "--no-repeat", dest="repeat", action="store_false", help="time the compared rows once, not twice"
+        "--no-repeat", dest="repeat", action="store_false", help="time the headline rows once, not twice"
     )
     p.add_argument(
-        "--cpu-smoke", action="store_true", help="tiny fp32 shapes on CPU, wall-clock timing, no peer"
+        "--cpu-smoke", action="store_true", help="tiny fp32 shapes on CPU, wall-clock timing, no CUDA peer"
     )
     p.add_argument(
         "--strategies", action="store_true", help="time each strategy forced against the cost model"
@@ -104,8 +139,17 @@ def parse(argv=None) -> argparse.Namespace:
     harness.add_out_arg(p)
     args = p.parse_args(argv)
     if args.quick and not args.cpu_smoke:
-        args.bt = args.bt or "2048,8192"
+        args.bt = args.bt or ",".join(map(str, QUICK_BTS))
         args.warmup_ms, args.rep_ms = min(args.warmup_ms, 25.0), min(args.rep_ms, 100.0)
+    unknown = [i for i in args.inputs.split(",") if i not in INPUTS]
+    if unknown:
+        p.error(f"unknown --inputs {', '.join(unknown)}; known: {', '.join(INPUTS)}")
+    names = [m[0] for m in METHODS]
+    wanted = names if args.methods == "all" else args.methods.split(",")
+    unknown = [m for m in wanted if m not in names]
+    if unknown:
+        p.error(f"unknown --methods {', '.join(unknown)}; known: {', '.join(names)}")
+    args.method_list = [m for m in METHODS if m[0] in wanted]
     return args
 
 
@@ -161,7 +205,7 @@ def plan_cost(plan: dict | None) -> float | None:
     return next((plan[k] for k in PLAN_COST_FIELDS if plan and isinstance(plan.get(k), (int, float))), None)
 
 
-# --- data and the functions timed
+# --- data, the floor and the functions timed
 
 
 def make_weight(h: int, v: int, device, dtype) -> torch.Tensor:
@@ -169,18 +213,51 @@ def make_weight(h: int, v: int, device, dtype) -> torch.Tensor:
     return (torch.randn(v, h, device=device, generator=g) * 0.02).to(dtype).requires_grad_()
 
 
+CONFIDENT_LOSS = 2.0
+
+
 def make_hidden(bt: int, w: torch.Tensor, kind: str, seed: int = 1):
+    """``(hidden, target)``: ``random`` hidden ~ N(0, 1); ``confident`` adds ``c * W[target]`` with ``c`` such
+    that the target logit sits ~CONFIDENT_LOSS below the log-sum-exp of the other logits (``ln V + s / 2`` for
+    logits ~ N(0, s), ``s`` the mean squared norm of a weight row): a loss of about 2, as a trained model's."""
     v, h = w.shape
     g = torch.Generator(device=w.device).manual_seed(seed)
     t = torch.randint(0, v, (bt,), device=w.device, generator=g)
     x = torch.randn(bt, h, device=w.device, generator=g)
-    if kind == "peaked":  # target logit ~ 20 above the rest: loss near 0, a confident model
-        wt = w.detach()[t].float()
-        x = wt * (20.0 / wt.pow(2).sum(-1, keepdim=True)) + x * 0.5
+    if kind == "confident":
+        wf = w.detach().float()
+        s = float(wf.pow(2).sum(-1).mean())
+        c = (math.log(v) + s / 2 - CONFIDENT_LOSS) / s
+        x = x + c * wf[t]
+    elif kind != "random":
+        raise ValueError(f"unknown inputs {kind!r}; known: {', '.join(INPUTS)}")
     return x.to(w.dtype).requires_grad_(), t
 
 
-def floor_fn(x, w):
+def dense_rate(cuda: bool, warmup_ms: float, rep_ms: float) -> dict:
+    """The dense GEMM rate of this process's device: one square ``torch.mm`` (bf16 8192^3 on CUDA, fp32 256^3 on
+    the CPU), median ms and TFLOP/s."""
+    n, device, dtype = (DENSE_N, "cuda", torch.bfloat16) if cuda else (SMOKE_DENSE_N, "cpu", torch.float32)
+    g = torch.Generator(device=device).manual_seed(3)
+    a = torch.randn(n, n, device=device, generator=g).to(dtype)
+    b = torch.randn(n, n, device=device, generator=g).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    budget = {"warmup_ms": warmup_ms, "rep_ms": rep_ms} if cuda else {"warmup": 1, "repeats": 5}
+    timing = harness.measure({"mm": lambda: torch.mm(a, b, out=out)}, cuda=cuda, **budget)["mm"]
+    return {
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "ms": timing.median,
+        "tflops": 2.0 * n**3 / (timing.median * 1e-3) / 1e12,
+    }
+
+
+def floor_ms(bt: int, h: int, v: int, rate: dict) -> float:
+    """Three GEMMs (logits, dX, dW) of this head at the measured dense rate, ms."""
+    return 6.0 * bt * h * v / (rate["tflops"] * 1e12) * 1e3
+
+
+def gemms_fn(x, w):
     """The three bare GEMMs of this size: logits [BT,V], dX [BT,H], dW [V,H]; a random logits gradient."""
     xd, wd = x.detach(), w.detach()
     g = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype).normal_()
@@ -194,21 +271,17 @@ def floor_fn(x, w):
     return f
 
 
-def unpatched_fn(x, w, t):
-    return lambda: F.cross_entropy((x @ w.t()).float(), t).backward()
+def unpatched_loss(x, w, t):
+    return F.cross_entropy((x @ w.t()).float(), t)
 
 
-def peer_loss(x, w, t, chunk_mem_const: int):
+def liger_loss(x, w, t, chunk_mem_const: int):
     """The peer's FLCE loss (liger-kernel 0.8.5's positional autograd signature), mean over tokens."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 
     flags = (None, None, -100, 0.0, 0.0, "mean", None, False, None, False, False, False, None, None)
     out = LigerFusedLinearCrossEntropyFunction.apply(x, w, t, *flags, chunk_mem_const)
     return out[0] if isinstance(out, tuple) else out
-
-
-def peer_fn(x, w, t, chunk_mem_const: int):
-    return lambda: peer_loss(x, w, t, chunk_mem_const).backward()
 
 
 def cce_loss(x, w, t, impl: str):
@@ -218,16 +291,34 @@ def cce_loss(x, w, t, impl: str):
     return linear_cross_entropy(x, w, t, impl=impl, reduction="mean")
 
 
-def cce_fn(x, w, t, impl: str):
-    return lambda: cce_loss(x, w, t, impl).backward()
+def has_torch_native() -> bool:
+    return hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
 
 
-def ours_fn(x, w, t, kwargs: dict):
-    return lambda: K.fused_linear_cross_entropy(x, w, t, **kwargs).backward()
+def torch_native_loss(x, w, t):
+    """torch's own fused head (its chunked path: options given, every choice left to ``auto``)."""
+    return F.linear_cross_entropy(x, w, t, options=torch.nn.LinearCrossEntropyOptions())
+
+
+def ours_loss(x, w, t, kwargs: dict):
+    return K.fused_linear_cross_entropy(x, w, t, **kwargs)
+
+
+def loss_of(kind: str, kwargs: dict, x, w, t):
+    """The loss of one method (not the bare GEMMs)."""
+    if kind == "unpatched":
+        return unpatched_loss(x, w, t)
+    if kind == "liger":
+        return liger_loss(x, w, t, kwargs["chunk_mem_const"])
+    if kind == "cce":
+        return cce_loss(x, w, t, kwargs["impl"])
+    if kind == "torch_native":
+        return torch_native_loss(x, w, t)
+    return ours_loss(x, w, t, kwargs)
 
 
 def ours_layout_fn(x, w, t, kwargs: dict, keep: bool):
-    """``ours_fn`` with the vocab layout ``keep`` instead of the cost model's: False keeps only pass 1's last chunk,
+    """ours with the vocab layout ``keep`` instead of the cost model's: False keeps only pass 1's last chunk,
     True every chunk where that applies (``vocab_geometry(keep=...)``)."""
     from liger_registry.kernels.flce import vocab as flce_vocab
 
@@ -247,17 +338,12 @@ def ours_layout_fn(x, w, t, kwargs: dict, keep: bool):
 
 
 def timed_fn(kind: str, kwargs: dict, x, w, t, name: str = ""):
-    if kind == "floor":
-        return floor_fn(x, w)
-    if kind == "unpatched":
-        return unpatched_fn(x, w, t)
-    if kind == "peer":
-        return peer_fn(x, w, t, kwargs["chunk_mem_const"])
-    if kind == "cce":
-        return cce_fn(x, w, t, kwargs["impl"])
+    """One forward + backward of the method (the bare GEMMs for ``gemms``)."""
+    if kind == "gemms":
+        return gemms_fn(x, w)
     if kind == "ours_layout":
         return ours_layout_fn(x, w, t, kwargs, LAYOUTS[name])
-    return ours_fn(x, w, t, kwargs)
+    return lambda: loss_of(kind, kwargs, x, w, t).backward()
 
 
 class Timer:
@@ -277,20 +363,19 @@ class Timer:
         return harness.peak_mib(fn, clear=grads) if self.cuda else None
 
 
-# --- one (shape, BT) group of rows
+# --- one (head, tokens) group of rows
 
 
 def row_head(name, kind, kwargs, bt, ctx) -> dict:
     """A row's identity and plan; "error" when the installed kernels or peers cannot run it."""
     w = ctx["w"]
     h, v = w.shape[1], w.shape[0]
-    row = {"shape": ctx["shape"], "H": h, "V": v, "BT": bt, "method": name, "kind": kind, "kwargs": kwargs}
-    row.update(head=ctx["shape"], tokens=bt, family=FAMILIES[kind])
+    row = {"head": ctx["shape"], "tokens": bt, "method": name, "kind": kind, "H": h, "V": v, "kwargs": kwargs}
     if kind == "ours":
         row["plan"], row["plan_text"] = plan_of(bt, h, v, kwargs, w.dtype, ctx["api"])
     elif kind == "ours_layout":
         row["plan_text"] = "vocab, all kept" if LAYOUTS[name] else "vocab, 1 kept"
-    elif kind == "peer":
+    elif kind == "liger":
         chunk, n = K.flce_chunk_geometry(bt, h, v, kwargs["chunk_mem_const"])
         row["plan_text"] = f"tokens {chunk}x{n}"
     elif kind == "cce":
@@ -302,9 +387,10 @@ def row_head(name, kind, kwargs, bt, ctx) -> dict:
 
 
 def measure_rows(rows, methods, data, timer, w) -> None:
-    """Every runnable row of the group timed together (interleaved) per input kind; the peak of each apart."""
+    """Every runnable row of the group timed together (interleaved) per input kind; the peak of each apart, on
+    the first inputs."""
     live = [(n, k, kw) for n, k, kw in methods if "error" not in rows[n]]
-    for label, (xx, tt) in data.items():
+    for i, (label, (xx, tt)) in enumerate(data.items()):
         fns = {name: timed_fn(kind, kwargs, xx, w, tt, name) for name, kind, kwargs in live}
         failed: dict[str, BaseException] = {}
         timings = timer.measure(fns, [xx, w], failed)
@@ -313,9 +399,9 @@ def measure_rows(rows, methods, data, timer, w) -> None:
             rows[name][f"{label}_iqr"] = timing.spread
         for name, exc in failed.items():
             rows[name]["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        if label == "random":
+        if i == 0:
             for name, kind, _ in live:
-                if name in timings and kind != "floor":
+                if name in timings and kind != "gemms":
                     rows[name]["peak_mib"] = timer.peak_mib(fns[name], [xx, w])
         xx.grad = w.grad = None
         del fns
@@ -324,74 +410,12 @@ def measure_rows(rows, methods, data, timer, w) -> None:
             torch.cuda.empty_cache()
 
 
-def judge(rows: list[dict]) -> None:
-    """Ratios vs unpatched, peer C=1, cce and the floor; the targets per row ('met' / 'MISSED')."""
-    by = {r["method"]: r.get("random_ms") for r in rows}
-    peers = [r for r in rows if r["kind"] in PEERS and r.get("random_ms") is not None]
-    for r in rows:
-        ms = r.get("random_ms")
-        if ms is None:
-            continue
-        for ref, key in (
-            ("unpatched", "x_unpatched"),
-            ("peer C=1", "x_peer1"),
-            ("cce", "x_cce"),
-            ("floor", "x_floor"),
-        ):
-            if by.get(ref):
-                r[key] = ms / by[ref]
-        checks = []
-        if r["method"] == "ours default":
-            checks += [
-                ("<=1.15x unpatched", r.get("x_unpatched"), 1.15),
-                ("<=peer C=1", r.get("x_peer1"), 1.0),
-                ("<=peers at<=peak", peer_bound(r, peers), 1.0),
-            ]
-        if r["method"] == "ours throughput":
-            if r["BT"] >= 4096:
-                checks.append(("<=0.92x unpatched", r.get("x_unpatched"), 0.92))
-            if r["BT"] >= 8192:
-                checks.append(("<=1.10x floor", r.get("x_floor"), 1.10))
-        if checks:
-            r["targets"] = {
-                label: (None if x is None else bool(x <= limit)) for label, x, limit in checks
-            }  # None: reference row missing
-
-
-def peer_bound(ours: dict, peers: list[dict]) -> float | None:
-    """ours' ms over the fastest peer row whose peak is at or below ours, 0 when no peer is that lean;
-    None without a peak or without any peer measured."""
-    if ours.get("peak_mib") is None or not peers or any(p.get("peak_mib") is None for p in peers):
-        return None
-    lean = [p["random_ms"] for p in peers if p["peak_mib"] <= ours["peak_mib"]]
-    return ours["random_ms"] / min(lean) if lean else 0.0
-
-
-def run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, methods) -> list[dict]:
-    w = make_weight(h, v, device, dtype)
-    data = {"random": make_hidden(bt, w, "random")}
-    if args.peaked:
-        data["peaked"] = make_hidden(bt, w, "peaked")
-    ctx = {"shape": shape, "w": w, "api": api, "problems": problems}
-    rows = {name: row_head(name, kind, kwargs, bt, ctx) for name, kind, kwargs in methods}
-    start = time.perf_counter()
-    measure_rows(rows, methods, data, timer, w)
-    if args.repeat:
-        retime(rows, methods, data["random"], w, timer)
-    for row in rows.values():
-        row["wall_s"] = time.perf_counter() - start  # the group's, rows are timed together
-        row["ms"] = row.get("random_ms")
-    print(f"  {shape} BT={bt}: {len(rows)} rows in {time.perf_counter() - start:.1f} s", flush=True)
-    judge(list(rows.values()))
-    del w, data, ctx
-    return list(rows.values())
-
-
-def retime(rows: dict, methods, xt, w, timer) -> None:
-    """A second interleaved median of the compared rows after the first (A B .. A B): each keeps the smaller,
+def retime(rows: dict, methods, label: str, xt, w, timer) -> None:
+    """A second interleaved median of the headline rows after the first (A B .. A B): each keeps the smaller,
     the difference is the run's noise."""
     x, t = xt
-    again = [(n, k, kw) for n, k, kw in methods if n in REPEATED and "random_ms" in rows[n]]
+    key = f"{label}_ms"
+    again = [(n, k, kw) for n, k, kw in methods if n in HEADLINE and key in rows[n]]
     fns = {name: timed_fn(kind, kwargs, x, w, t, name) for name, kind, kwargs in again}
     failed: dict[str, BaseException] = {}
     timings = timer.measure(fns, [x, w], failed)
@@ -402,9 +426,80 @@ def retime(rows: dict, methods, xt, w, timer) -> None:
         rows[name]["repeat_error"] = f"{type(exc).__name__}: {exc}"[:200]
     for name, timing in timings.items():
         row = rows[name]
-        row["random_ms_runs"] = [row["random_ms"], timing.median]
-        row["random_ms"] = min(row["random_ms"], timing.median)
-        row["spread"] = abs(row["random_ms_runs"][0] - timing.median) / row["random_ms"]
+        row[f"{key}_runs"] = [row[key], timing.median]
+        row[key] = min(row[key], timing.median)
+        row["spread"] = abs(row[f"{key}_runs"][0] - timing.median) / row[key]
+
+
+def judge(rows: list[dict], floor: float) -> None:
+    """Every measured row as a multiple of the floor and of the unpatched head; the targets of ``ours``."""
+    by = {r["method"]: r for r in rows}
+    unpatched = by.get("unpatched", {}).get("ms")
+    for r in rows:
+        r["floor_ms"] = floor
+        if r.get("ms") is None:
+            continue
+        r["x_floor"] = r["ms"] / floor
+        r["x_unpatched"] = r["ms"] / unpatched if unpatched else None
+    ours = by.get("ours")
+    if ours is not None and ours.get("ms") is not None:
+        ours["targets"] = targets_of(ours, [by[p] for p in PEERS if p in by])
+
+
+def targets_of(ours: dict, peers: list[dict]) -> dict[str, bool | None]:
+    """The targets of ours (None: the reference row is missing)."""
+    out: dict[str, bool | None] = {}
+    if ours["tokens"] >= FLOOR_LONG_TOKENS:
+        out[f"<={FLOOR_LONG:.2f}x floor"] = ours["x_floor"] <= FLOOR_LONG
+    if ours["tokens"] <= ours["H"]:
+        out[f"<={FLOOR_SHORT:.2f}x floor"] = ours["x_floor"] <= FLOOR_SHORT
+    timed = [p["ms"] for p in peers if p.get("ms") is not None]
+    out["<=every peer"] = ours["ms"] <= min(timed) if timed else None
+    cce = next((p for p in peers if p["method"] == "cce"), {})
+    both = ours.get("peak_mib") is not None and cce.get("peak_mib") is not None
+    out[f"peak<={PEAK_OVER_CCE:.2f}x cce"] = (
+        ours["peak_mib"] <= PEAK_OVER_CCE * cce["peak_mib"] if both else None
+    )
+    for p in peers:
+        if p.get("ms") is not None:
+            ours[f"x_{p['method']}"] = ours["ms"] / p["ms"]
+    return out
+
+
+@functools.cache
+def head_budget(shape: str) -> dict:
+    """The FLCE budget the registry resolves for the head's model type (its family entry and bundled policies:
+    GPT-OSS C=8), as keyword arguments of ours; {} (the default budget) when the registry cannot say."""
+    try:
+        from liger_registry import explain
+
+        resolved = explain(shape)
+        knobs = {k: resolved.value(f"flce.{k}") for k in ("chunk_mem_const", "max_chunk_mib")}
+    except Exception:  # noqa: BLE001 - a head without a registry entry runs the default budget
+        return {}
+    return {k: v for k, v in knobs.items() if v is not None}
+
+
+def run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, rate) -> list[dict]:
+    budget = head_budget(shape)
+    methods = [(n, k, budget if n == "ours" else kw) for n, k, kw in args.method_list]
+    w = make_weight(h, v, device, dtype)
+    data = {kind: make_hidden(bt, w, kind) for kind in args.inputs.split(",")}
+    ctx = {"shape": shape, "w": w, "api": api, "problems": problems}
+    rows = {name: row_head(name, kind, kwargs, bt, ctx) for name, kind, kwargs in methods}
+    start = time.perf_counter()
+    measure_rows(rows, methods, data, timer, w)
+    first = next(iter(data))
+    if args.repeat:
+        retime(rows, methods, first, data[first], w, timer)
+    for row in rows.values():
+        row["wall_s"] = time.perf_counter() - start  # the group's, rows are timed together
+        row["inputs"] = first
+        row["ms"] = row.get(f"{first}_ms")
+    print(f"  {shape} BT={bt}: {len(rows)} rows in {time.perf_counter() - start:.1f} s", flush=True)
+    judge(list(rows.values()), floor_ms(bt, h, v, rate))
+    del w, data, ctx
+    return list(rows.values())
 
 
 # --- numerics: loss, dX, dW of every method vs float64 on one small shape
@@ -414,17 +509,17 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def loss_check(shape, h, v, bt, device, dtype, api, problems, methods) -> list[dict]:
+def loss_check(shape, h, v, bt, inputs, device, dtype, api, problems, methods) -> list[dict]:
     w = make_weight(h, v, device, dtype)
-    x, t = make_hidden(bt, w, "random", seed=7)
+    x, t = make_hidden(bt, w, inputs, seed=7)
     xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     ref = F.cross_entropy(xr @ wr.t(), t)
     ref.backward()
     out = []
     for name, kind, kwargs in methods:
-        if kind in ("floor",):
+        if kind in ("gemms", "ours_layout"):
             continue
-        row = {"shape": shape, "BT": bt, "method": name}
+        row = {"head": shape, "tokens": bt, "inputs": inputs, "method": name}
         problem = api_problem(kwargs, api) if kind == "ours" else problems.get(kind)
         if problem:
             row["error"] = problem
@@ -432,14 +527,7 @@ def loss_check(shape, h, v, bt, device, dtype, api, problems, methods) -> list[d
             continue
         x.grad = w.grad = None
         try:
-            if kind == "unpatched":
-                loss = F.cross_entropy((x @ w.t()).float(), t)
-            elif kind == "peer":
-                loss = peer_loss(x, w, t, kwargs["chunk_mem_const"])
-            elif kind == "cce":
-                loss = cce_loss(x, w, t, kwargs["impl"])
-            else:
-                loss = K.fused_linear_cross_entropy(x, w, t, **kwargs)
+            loss = loss_of(kind, kwargs, x, w, t)
             loss.backward()
             row.update(
                 loss=float(loss.detach()),
@@ -462,10 +550,6 @@ def loss_check(shape, h, v, bt, device, dtype, api, problems, methods) -> list[d
 # --- report
 
 
-def fmt(x, spec: str, none: str = "-") -> str:
-    return none if x is None else format(x, spec)
-
-
 def verdict(r: dict) -> str:
     t = r.get("targets")
     if not t:
@@ -473,44 +557,39 @@ def verdict(r: dict) -> str:
     return " ".join(f"{label}:{'?' if ok is None else 'met' if ok else 'MISSED'}" for label, ok in t.items())
 
 
-COLUMNS = [
-    ("shape", ""),
-    ("BT", "d"),
-    ("method", ""),
-    ("plan", ""),
-    ("pred", ".1f"),
-    ("ms", ".2f"),
-    ("iqr", ".1%"),
-    ("peaked", ".2f"),
-    ("MiB", ".0f"),
-    ("/unp", ".3f"),
-    ("/peer1", ".3f"),
-    ("/cce", ".3f"),
-    ("/floor", ".3f"),
-    ("targets", ""),
-]
-RATIOS = ("x_unpatched", "x_peer1", "x_cce", "x_floor")
+def columns(extra_inputs: list[str]) -> list[tuple[str, str]]:
+    cols = [("head", ""), ("tokens", "d"), ("method", ""), ("plan", ""), ("pred", ".1f"), ("ms", ".2f")]
+    cols += [("iqr", ".1%")] + [(f"{i} ms", ".2f") for i in extra_inputs]
+    return cols + [("MiB", ".0f"), ("x floor", ".3f"), ("x unp", ".3f"), ("targets", "")]
 
 
-def table_row(r: dict) -> list:
-    if "error" in r and "random_ms" not in r:
-        return [r["shape"], r["BT"], r["method"], r.get("plan_text", "")] + [None] * 9 + [r["error"][:60]]
-    head = [r["shape"], r["BT"], r["method"], r.get("plan_text", ""), plan_cost(r.get("plan"))]
-    head += [r.get("random_ms"), r.get("random_iqr"), r.get("peaked_ms"), r.get("peak_mib")]
-    return head + [r.get(k) for k in RATIOS] + [verdict(r)]
+def table_row(r: dict, extra_inputs: list[str]) -> list:
+    first = r.get("inputs", "")
+    if "error" in r and r.get("ms") is None:
+        return (
+            [r["head"], r["tokens"], r["method"], r.get("plan_text", "")]
+            + [None] * (6 + len(extra_inputs))
+            + [r["error"][:60]]
+        )
+    head = [r["head"], r["tokens"], r["method"], r.get("plan_text", ""), plan_cost(r.get("plan"))]
+    head += [r.get("ms"), r.get(f"{first}_iqr")] + [r.get(f"{i}_ms") for i in extra_inputs]
+    return head + [r.get("peak_mib"), r.get("x_floor"), r.get("x_unpatched"), verdict(r)]
 
 
 def print_table(rows, checks, meta) -> None:
-    env = meta["env"]
+    env, rate = meta["env"], meta["dense"]
+    inputs = meta["inputs"]
     title = (
-        f"FLCE fwd+bwd, {meta['dtype']}, median ms (warm-up {meta['warmup_ms']:.0f} / timed {meta['rep_ms']:.0f} "
-        f"ms a row, rows interleaved), incremental peak MiB; {env.get('device', 'cpu')}, torch {env['torch']}, "
-        f"triton {env['triton']}, peer {env.get('liger_kernel')}, cut-cross-entropy {env.get('cut_cross_entropy')}"
+        f"FLCE fwd+bwd, {meta['dtype']}, {inputs[0]} inputs, median ms (warm-up {meta['warmup_ms']:.0f} / timed "
+        f"{meta['rep_ms']:.0f} ms a row, rows interleaved), incremental peak MiB; floor = 6 N H V FLOPs at "
+        f"{rate['tflops']:.4g} TFLOP/s ({rate['dtype']} mm {rate['n']}^3 here); {env.get('device', 'cpu')}, "
+        f"torch {env['torch']}, triton {env['triton']}, liger-kernel {env.get('liger_kernel')}, "
+        f"cut-cross-entropy {env.get('cut_cross_entropy')}"
     )
     spreads = [r["spread"] for r in rows if "spread" in r]
     if spreads:
         print(
-            f"ms of {', '.join(REPEATED)}: best of two interleaved medians (A B .. A B); spread between the two: "
+            f"ms of {', '.join(HEADLINE)}: best of two interleaved medians (A B .. A B); spread between the two: "
             f"median {statistics.median(spreads):.1%}, max {max(spreads):.1%}"
         )
     check_cols = [("method", ""), ("loss", ".6f"), ("loss rel", ".1e"), ("1e-5", ""), ("dX", ".2e")]
@@ -520,9 +599,10 @@ def print_table(rows, checks, meta) -> None:
         + [c.get("dx_rel"), c.get("dw_rel"), c.get("error", "")[:90]]
         for c in checks
     ]
-    where = ", ".join(f"{c['shape']} BT={c['BT']}" for c in checks[:1])
+    where = ", ".join(f"{c['head']} BT={c['tokens']}, {c['inputs']} inputs" for c in checks[:1])
     harness.print_table(check_cols, check_rows, f"loss / dX / dW vs float64 ({where})")
-    harness.print_table(COLUMNS, [table_row(r) for r in rows], title)
+    extra = list(inputs[1:])
+    harness.print_table(columns(extra), [table_row(r, extra) for r in rows], title)
     targets = [ok for r in rows for ok in (r.get("targets") or {}).values()]
     print(
         f"\ntargets: {sum(1 for x in targets if x)} met, {sum(1 for x in targets if x is False)} MISSED, "
@@ -531,22 +611,24 @@ def print_table(rows, checks, meta) -> None:
     )
 
 
-def record(results: harness.Results, rows: list[dict]) -> None:
+def record(results: harness.Results, rows: list[dict], inputs: list[str]) -> None:
     for r in rows:
-        case = f"{r['shape']} BT={r['BT']}"
-        for key in ("random_ms", "peaked_ms", "peak_mib", *RATIOS):
+        case = f"{r['head']} BT={r['tokens']}"
+        for key in ("ms", *(f"{i}_ms" for i in inputs[1:]), "peak_mib", "x_floor", "x_unpatched"):
             results.add(case, r["method"], key, r.get(key))
 
 
 def peers_available(cuda: bool) -> dict[str, str]:
-    """Why a peer's rows cannot run ({} when every peer imports)."""
-    if not cuda:
-        return {"peer": "peer needs CUDA", "cce": "cce needs CUDA"}
+    """Why a peer's rows cannot run ({} when every peer imports), by row kind."""
     problems = {}
+    if not has_torch_native():
+        problems["torch_native"] = f"skipped: torch {torch.__version__} has no F.linear_cross_entropy"
+    if not cuda:
+        return {**problems, "liger": "liger needs CUDA", "cce": "cce needs CUDA"}
     try:
         import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        problems["peer"] = f"liger-kernel not importable: {exc!r}"[:200]
+        problems["liger"] = f"liger-kernel not importable: {exc!r}"[:200]
     try:
         import cut_cross_entropy  # noqa: F401
     except ModuleNotFoundError:
@@ -558,10 +640,10 @@ def peers_available(cuda: bool) -> dict[str, str]:
 
 ANNOUNCED = (
     "API missing",
-    "peer needs CUDA",
+    "liger needs CUDA",
     "liger-kernel not importable",
     "cce needs CUDA",
-    "skipped: not installed",
+    "skipped: ",
     "cut-cross-entropy not importable",
 )
 
@@ -579,39 +661,46 @@ def main(argv=None) -> int:
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     shapes = SHAPES if cuda else SMOKE_SHAPES
     bts = [int(b) for b in args.bt.split(",")] if args.bt else (BTS if cuda else SMOKE_BTS)
-    wanted = args.methods.split(",") if args.methods else None
-    methods = [m for m in METHODS if wanted is None or m[0] in wanted]
+    inputs = args.inputs.split(",")
     api = probe_api()
     problems = peers_available(cuda)
     for key, why in api.items():
         if why:
             print(f"flce: {why}; rows that need {key} are skipped")
-    timer = Timer(cuda, args.warmup_ms, args.rep_ms)
-    start = time.perf_counter()
-    rows = []
-    for shape in args.shapes.split(","):
-        h, v = shapes[shape]
-        for bt in bts:
-            rows += run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, methods)
-    sweep_s = time.perf_counter() - start
-    small = ("llama", 2048) if cuda else ("llama", 64)
-    checks = loss_check(small[0], *shapes[small[0]], small[1], device, dtype, api, problems, methods)
     results = harness.Results("flce", args.out)
     env = dict(results.env, cut_cross_entropy=harness._version("cut-cross-entropy") or "not installed")
     results.set_env(env)
+    timer = Timer(cuda, args.warmup_ms, args.rep_ms)
+    start = time.perf_counter()
+    rate = dense_rate(cuda, args.warmup_ms, args.rep_ms)
+    print(
+        f"flce: dense {rate['dtype']} GEMM {rate['n']}^3: {rate['ms']:.3f} ms, {rate['tflops']:.4g} TFLOP/s"
+    )
     meta = {
         "dtype": str(dtype).removeprefix("torch."),
+        "inputs": inputs,
+        "dense": rate,
         "warmup_ms": args.warmup_ms,
         "rep_ms": args.rep_ms,
         "env": env,
-        "wall_s": sweep_s,
-        "errors": sum(1 for r in rows if "error" in r),
         "json": str(results.path("json")),
     }
-    record(results, rows)
-    results.write({"meta": meta, "args": vars(args), "api": api, "rows": rows, "loss_check": checks})
+    rows: list[dict] = []
+    for shape in args.shapes.split(","):
+        h, v = shapes[shape]
+        for bt in bts:
+            rows += run_group(shape, h, v, bt, args, timer, api, problems, device, dtype, rate)
+            write_partial(results, payload(args, api, meta, rows, None))
+    meta["wall_s"] = time.perf_counter() - start
+    meta["errors"] = sum(1 for r in rows if "error" in r)
+    small = ("llama", 2048) if cuda else ("llama", 64)
+    checks = loss_check(
+        small[0], *shapes[small[0]], small[1], inputs[0], device, dtype, api, problems, args.method_list
+    )
+    record(results, rows, inputs)
+    results.write(payload(args, api, meta, rows, checks))
     errors = [
-        f"{r['shape']} BT={r['BT']} {r['method']}: {r['error']}"
+        f"{r['head']} BT={r['tokens']} {r['method']}: {r['error']}"
         for r in rows
         if "error" in r and not r["error"].startswith(ANNOUNCED)
     ]
@@ -619,6 +708,24 @@ def main(argv=None) -> int:
         print("ERROR", e[:200])
     print_table(rows, checks, meta)
     return 0
+
+
+def payload(args, api, meta, rows: list[dict], checks: list[dict] | None) -> dict:
+    """The result file's content: ``rows`` (the headline methods), ``variants`` (the others), the loss check
+    (None: the sweep is not finished)."""
+    return {
+        "meta": meta,
+        "args": {k: v for k, v in vars(args).items() if k != "method_list"},
+        "api": api,
+        "rows": [r for r in rows if r["method"] in HEADLINE],
+        "variants": [r for r in rows if r["method"] not in HEADLINE],
+        "loss_check": checks,
+    }
+
+
+def write_partial(results: harness.Results, content: dict) -> None:
+    """The JSON of the groups finished so far (no CSV rows): a sweep stopped by its time limit keeps them."""
+    results.path("json").write_text(json.dumps({"env": results.env, **content}, indent=1, default=str))
 
 
 # --- the strategy calibration (--strategies) and the planner's table (--plan-table)
@@ -647,7 +754,7 @@ def strategy_rows(shape: str, bt: int, h: int, v: int, peaks, args) -> list[dict
                 "auto": auto.strategy,
                 "plan": str(plan),
             }
-            fns[f"{label} {strategy}"] = ours_fn(x, w, t, {"strategy": strategy, **knobs})
+            fns[f"{label} {strategy}"] = timed_fn("ours", {"strategy": strategy, **knobs}, x, w, t)
     timings = harness.measure(fns, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, grad_to_none=[x, w])
     for name, timing in timings.items():
         cases[name].update(
@@ -697,9 +804,10 @@ def plan_table(args) -> int:
                 layout = (
                     f"{plan.num_chunks} x [{plan.chunk_tokens}, {plan.chunk_vocab}] {plan.buffer_mib:.0f} MiB"
                 )
-                rows.append([f"{shape} H={h} V={v}", bt, label, t_ms, v_ms, plan.strategy, layout])
+                cost = [getattr(plan, k, None) for k in ("gemms", "held_mib", "peak_mib")]
+                rows.append([f"{shape} H={h} V={v}", bt, label, t_ms, v_ms, plan.strategy, *cost, layout])
     cols = [("shape", ""), ("BT", "d"), ("budget", ""), ("tokens ms", ".1f"), ("vocab ms", ".1f")]
-    cols += [("pick", ""), ("plan", "")]
+    cols += [("pick", ""), ("GEMMs", ".2f"), ("held MiB", ".0f"), ("peak MiB", ".0f"), ("plan", "")]
     harness.print_table(cols, rows, f"FLCE planner for {args.gpu}; peaks: {peaks}")
     return 0
 

@@ -11,7 +11,9 @@
 #   parity-logits  bf16 with-logits parity of every family with a head (FLCE off, cross_entropy on)
 #   parity-tokens  the parity suite with every apply() forcing the token-chunked FLCE; parity-vocab: vocab-chunked
 #                  (the pytest plugin tests/convergence/force_flce_strategy.py)
-#   flce / flce-quick   python -m benchmarks flce (full sweep / a subset of token counts)
+#   flce / flce-quick   python -m benchmarks flce: each head (Llama-3, GPT-OSS) at 2048-16384 tokens as a multiple of
+#                  the three-GEMM floor, ours / cce / liger / torch_native / unpatched (~2-4 min on an H100) / BT 2048
+#                  and 8192 only (~1 min); FLCE_ARGS="--inputs confident,random" adds dense-softmax inputs (+50%)
 #   flce-strategies     python -m benchmarks flce --strategies (each strategy forced, against the cost model)
 #   e2e / e2e-quick     python -m benchmarks e2e (full / 2 layers, 1 repeat)
 #   e2e-compile    e2e: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts

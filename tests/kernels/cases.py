@@ -326,7 +326,7 @@ def flce_reference(
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
-    logits = logits.float() * logit_scale
+    logits = _at_least_fp32(logits) * logit_scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     return ce_reference(
@@ -340,6 +340,11 @@ def flce_reference(
     )
 
 
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """fp32 for 16-bit inputs; float64 inputs stay float64 (the references of the float64 checks)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def ce_reference(
     logits,
     target,
@@ -350,13 +355,13 @@ def ce_reference(
     reduction="mean",
     class_weights=None,
 ):
-    logits = logits.float()
+    logits = _at_least_fp32(logits)
     valid = target != ignore_index
     if valid.any():
         ce = F.cross_entropy(
             logits,
             target,
-            weight=None if class_weights is None else class_weights.float(),
+            weight=None if class_weights is None else class_weights.to(logits.dtype),
             ignore_index=ignore_index,
             label_smoothing=label_smoothing,
             reduction=reduction,

@@ -613,6 +613,77 @@ def test_flce_weights_divide_as_torch(backend, case, strategy):
         torch.testing.assert_close(torch.autograd.grad(out, hidden)[0], torch.autograd.grad(ref, hidden)[0])
 
 
+# ---------------------------------------------------------------- gradients formed in the forward
+FORWARD_FORMED = [
+    {},
+    {"label_smoothing": 0.1, "class_weights": True},
+    {"softcap": 3.0, "logit_scale": 0.25, "lse_square_scale": 1e-2},
+    {"ignore_index": 3, "bias": True},
+    {"frozen": True, "label_smoothing": 0.05},
+]
+
+
+def _float64_grads(hidden, weight, bias, target, reduction, go, opts):
+    """Loss and the gradients of the trainable tensors of the float64 reference (materialised logits)."""
+    ref_in = [
+        None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+        for t in (hidden, weight, bias)
+    ]
+    loss, _ = flce_reference(*ref_in[:2], target, ref_in[2], reduction=reduction, **opts)
+    trainable = [t for t in ref_in if t is not None and t.requires_grad]
+    return loss, torch.autograd.grad(loss, trainable, go.double())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opts", FORWARD_FORMED, ids=lambda o: "-".join(o) or "plain")
+def test_gradients_formed_in_the_forward_vs_float64(backend, opts, reduction, strategy, monkeypatch):
+    """mean / sum: the chunk loop runs once, in the forward, and forms every gradient there (the token strategy:
+    per chunk the logits, dX and dW GEMMs, three in all); the backward only scales them by grad_output.
+    none: the forward computes the loss alone and the backward runs the loop again with the per-token
+    grad_output (dW sums g_i G_i^T x_i: a forward-formed dW cannot be rescaled per token). Every option against
+    float64, through the interpreter and the PyTorch twin, a frozen head included."""
+    from liger_registry.kernels.flce import op as flce_op_module
+
+    opts = dict(opts)
+    frozen = opts.pop("frozen", False)
+    hidden, weight, target, b = _inputs(n=37, bias=opts.pop("bias", False))
+    weight.requires_grad_(not frozen)
+    if opts.pop("class_weights", False):
+        opts["class_weights"] = torch.rand(weight.shape[0], generator=_g(1)) + 0.5
+    if "ignore_index" in opts:
+        target = torch.where(target == -100, torch.full_like(target, opts["ignore_index"]), target)
+    calls = []
+
+    def spy(loop):
+        def run(*args):
+            calls.append((args[7], args[5] is not None))  # (need: dh, dw, db), a per-token grad_output
+            return loop(*args)
+
+        return run
+
+    for name, loop in list(flce_op_module.STRATEGY_LOOPS.items()):
+        monkeypatch.setitem(flce_op_module.STRATEGY_LOOPS, name, spy(loop))
+    out = K.fused_linear_cross_entropy(
+        hidden, weight, target, b, reduction=reduction, strategy=strategy, **opts
+    )
+    trainable = [t for t in (hidden, weight, b) if t is not None and t.requires_grad]
+    need = (True, not frozen, b is not None)
+    if reduction == "none":
+        assert calls == [((False, False, False), False)]  # the loss alone
+    else:
+        assert calls == [(need, False)]  # every gradient, formed in the forward
+    go = torch.randn(out.shape, generator=_g(9)) if reduction == "none" else torch.tensor(1.7)
+    got = torch.autograd.grad(out, trainable, go)
+    assert len(calls) == (2 if reduction == "none" else 1)
+    if reduction == "none":
+        assert calls[1] == (need, True)
+    ref, exp = _float64_grads(hidden, weight, b, target, reduction, go, opts)
+    assert rel(out, ref) < 1e-5
+    for a, e in zip(got, exp, strict=True):
+        assert rel(a, e) < 1e-5, (a, e)
+
+
 # ---------------------------------------------------------------- the backward's grad_output scaling
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -252,3 +252,54 @@ def test_an_unknown_gpu_name_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="unknown GPU 'RTX9999'; known: H200"):
         K.flce_plan(2048, *LLAMA, gpu="RTX9999")
     assert K.flce_plan(2048, *LLAMA, gpu="NVIDIA H100 80GB HBM3").strategy in ("tokens", "vocab")
+
+
+def test_plan_says_its_gemms_and_the_gradients_it_holds():
+    """The token strategy runs the three GEMMs of the floor; the vocab strategy adds its recomputed columns'
+    logits. Both hold dW + dX from the forward to the backward; the predicted peaks are the measured ones
+    (docs/design/head-memory.md: Llama-3 8192 vocab 1194.5 MiB on the H100; ANCHORS: 16384 tokens 1255)."""
+    mib = 2**20
+    dw, dx = 128256 * 4096 * 2 / mib, 4096 * 2 / mib
+    tokens = K.flce_plan(16384, *LLAMA, gpu="NVIDIA H200")
+    assert tokens.strategy == "tokens" and tokens.gemms == 3.0
+    assert tokens.held_mib == pytest.approx(dw + 16384 * dx)
+    assert tokens.peak_mib == pytest.approx(dw + 16384 * dx + tokens.buffer_mib)
+    assert abs(tokens.peak_mib - 1255.0) < 1.0
+    vocab = K.flce_plan(8192, *LLAMA, gpu="NVIDIA H100")
+    assert vocab.strategy == "vocab" and vocab.recomputed == 85504
+    assert vocab.gemms == pytest.approx(3 + 85504 / 128256)
+    assert vocab.held_mib == pytest.approx(dw + 8192 * dx)
+    assert abs(vocab.peak_mib - 1194.5) < 5.0  # dW + the fp32 dX accumulator + max(buffer, dX)
+    assert "3.00 head-sized GEMMs" in str(tokens) and "held forward to backward 1130.0 MiB" in str(tokens)
+
+
+def test_reduction_none_forms_the_gradients_in_the_backward_and_says_why():
+    mean = K.flce_plan(16384, *LLAMA, gpu="NVIDIA H200")
+    none = K.flce_plan(16384, *LLAMA, gpu="NVIDIA H200", reduction="none")
+    assert (none.strategy, none.chunk, none.num_chunks) == (mean.strategy, mean.chunk, mean.num_chunks)
+    assert none.gemms == mean.gemms + 1 and none.held_mib == 0.0
+    assert "reduction=none" in none.why and "reduction=none" not in mean.why
+    with pytest.raises(ValueError, match="reduction"):
+        K.flce_plan(16384, *LLAMA, reduction="avg")
+
+
+def test_plan_memory_of_a_frozen_head_and_an_fp32_accumulator():
+    mib = 2**20
+    frozen = K.flce_plan(16384, *LLAMA, gpu="NVIDIA H200", strategy="tokens", weight_grad=False)
+    assert frozen.gemms == 2.0 and frozen.held_mib == pytest.approx(16384 * 4096 * 2 / mib)
+    fp32 = K.flce_plan(16384, *LLAMA, gpu="NVIDIA H200", strategy="tokens", accum_dtype=torch.float32)
+    bf16 = K.flce_plan(16384, *LLAMA, gpu="NVIDIA H200", strategy="tokens")
+    # the fp32 accumulator and its cast to the weight's dtype are alive together at the end
+    assert fp32.peak_mib - bf16.peak_mib == pytest.approx(128256 * 4096 * 4 / mib)
+    assert fp32.held_mib == bf16.held_mib
+
+
+def test_plan_for_reads_reduction_and_accum_dtype_from_the_options():
+    from liger_registry.kernels.flce.plan import plan_for
+
+    cpu = torch.device("cpu")
+    opts = K.FlceOptions(reduction="none", accum_dtype=torch.float32, strategy="tokens")
+    plan = plan_for(16384, *LLAMA, opts, torch.bfloat16, cpu)
+    default = plan_for(16384, *LLAMA, K.FlceOptions(strategy="tokens"), torch.bfloat16, cpu)
+    assert plan.held_mib == 0.0 and plan.gemms == default.gemms + 1
+    assert plan.peak_mib > default.peak_mib

@@ -12,13 +12,19 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 
-from liger_registry.limits import budget_knob, check_chunk_mem_const, check_max_chunk_mib, check_strategy
+from liger_registry.limits import (
+    budget_knob,
+    check_chunk_mem_const,
+    check_max_chunk_mib,
+    check_reduction,
+    check_strategy,
+)
 
 # ---------------------------------------------------------------- vocabulary chunk geometry
 # Chunk geometry of the FLCE vocabulary strategy: the columns of each pass and where their logits live.
@@ -440,7 +446,15 @@ class FlcePlan:
     Vocab with a weight gradient (``scratch``): ``pass1_chunks`` chunks in pass 1 and ``num_chunks`` in pass 2,
     the ``widest`` of them in the weight gradient's not yet written memory (:func:`vocab_geometry`), the
     rest in the buffer of ``chunk_vocab`` columns; pass 2 computes the logits of ``recomputed`` columns again (0:
-    every chunk kept from pass 1)."""
+    every chunk kept from pass 1).
+
+    What the plan costs beyond its buffer (:func:`plan_memory`): ``gemms`` the [N, H, V]-sized GEMMs it runs (3,
+    the floor, for the token strategy with a weight gradient: logits, dX, dW; the vocab strategy adds its
+    ``recomputed`` columns' logits; ``reduction="none"`` one logits GEMM more, its gradients being formed in the
+    backward); ``held_mib`` the gradients formed in the forward and held until the backward scales them (dW in
+    the weight's dtype + dX; 0 with ``reduction="none"``, whose backward forms them); ``peak_mib`` the head's
+    predicted peak above its inputs (dW + dX + buffer; the vocab strategy: dW + its fp32 dX accumulator +
+    max(buffer, dX), docs/design/head-memory.md)."""
 
     strategy: str
     chunk_tokens: int
@@ -455,6 +469,9 @@ class FlcePlan:
     pass1_chunks: int = 0
     widest: int = 0
     recomputed: int = 0
+    gemms: float = 3.0
+    held_mib: float = 0.0
+    peak_mib: float = 0.0
 
     @property
     def chunk(self) -> int:
@@ -462,17 +479,19 @@ class FlcePlan:
         return self.chunk_tokens if self.strategy == "tokens" else self.chunk_vocab
 
     def __str__(self) -> str:
+        cost = (
+            f"{self.gemms:.2f} head-sized GEMMs, gradients held forward to backward {self.held_mib:.1f} MiB, "
+            f"peak ~{self.peak_mib:.1f} MiB above inputs, ~{self.predicted_ms:.1f} ms on {self.device} ({self.why})"
+        )
         if self.scratch:
             return (
                 f"vocab: {self.pass1_chunks} + {self.num_chunks} chunks (pass 1 + pass 2), up to {self.widest} "
                 f"columns in dW's memory, {self.recomputed} recomputed, buffer {self.buffer_mib:.1f} of "
-                f"{self.budget_mib:.1f} MiB, "
-                f"~{self.predicted_ms:.1f} ms on {self.device} ({self.why})"
+                f"{self.budget_mib:.1f} MiB, {cost}"
             )
         return (
             f"{self.strategy}: {self.num_chunks} x [{self.chunk_tokens}, {self.chunk_vocab}] logits chunks, buffer "
-            f"{self.buffer_mib:.1f} of {self.budget_mib:.1f} MiB, ~{self.predicted_ms:.1f} ms on {self.device} "
-            f"({self.why})"
+            f"{self.buffer_mib:.1f} of {self.budget_mib:.1f} MiB, {cost}"
         )
 
 
@@ -542,6 +561,51 @@ def _plan(
     peaks: DevicePeaks,
     align: int,
     weight_grad: bool = True,
+    grads_in_forward: bool = True,
+    acc_itemsize: int = 0,
+) -> FlcePlan:
+    plan = _choose(bt, h, v, chunk_mem_const, max_chunk_mib, strategy, itemsize, peaks, align, weight_grad)
+    gemms, held, peak = plan_memory(plan, bt, h, v, itemsize, weight_grad, grads_in_forward, acc_itemsize)
+    why = plan.why if grads_in_forward else f"{plan.why}; {PER_TOKEN_GRADS}"
+    return replace(plan, gemms=gemms, held_mib=held, peak_mib=peak, why=why)
+
+
+# why a reduction="none" call forms its gradients in the backward (FusedLinearCrossEntropyFunction)
+PER_TOKEN_GRADS = (
+    "reduction=none: gradients formed in the backward from the per-token grad_output, one logits GEMM more "
+    "(a gradient formed in the forward cannot take it: dW sums g_i * G_i^T x_i over the tokens)"
+)
+
+
+def plan_memory(
+    plan: FlcePlan,
+    bt: int,
+    h: int,
+    v: int,
+    itemsize: int,
+    weight_grad: bool = True,
+    grads_in_forward: bool = True,
+    acc_itemsize: int = 0,
+) -> tuple[float, float, float]:
+    """``(gemms, held_mib, peak_mib)`` of a plan (see :class:`FlcePlan`). ``acc_itemsize``: the token strategy's
+    dW accumulator (``accum_dtype``; 0: the weight's dtype), cast to the weight's dtype at the end (both alive
+    then); the vocab strategy writes each dW row once, in the logits' dtype."""
+    dw = v * h * itemsize if weight_grad else 0
+    dx = bt * h * itemsize
+    buffer = plan.buffer_mib * MIB
+    gemms = (3.0 if weight_grad else 2.0) + (0.0 if grads_in_forward else 1.0)
+    if plan.strategy == "vocab":
+        gemms += plan.recomputed / v if v else 0.0
+        peak = dw + bt * h * 4 + max(buffer, dx)
+    else:
+        acc = v * h * acc_itemsize if weight_grad and acc_itemsize not in (0, itemsize) else 0
+        peak = dw + acc + dx + buffer
+    held = dw + dx if grads_in_forward else 0
+    return gemms, held / MIB, peak / MIB
+
+
+def _choose(
+    bt, h, v, chunk_mem_const, max_chunk_mib, strategy, itemsize, peaks: DevicePeaks, align: int, weight_grad
 ) -> FlcePlan:
     budget, cmc = _budget_bytes(bt, h, v, chunk_mem_const, max_chunk_mib, itemsize)
     rows = _tokens_chunk(bt, h, v, itemsize, cmc, budget)
@@ -637,6 +701,8 @@ def flce_plan(
     dtype: torch.dtype = torch.bfloat16,
     gpu: str | None = None,
     weight_grad: bool = True,
+    reduction: str = "mean",
+    accum_dtype: torch.dtype | None = None,
 ) -> FlcePlan:
     """The plan of an FLCE call on ``bt`` tokens, hidden ``h``, vocabulary ``v`` (logits in ``dtype``).
 
@@ -647,17 +713,23 @@ def flce_plan(
     columns) that fit (infeasible -> tokens, said in ``why``). ``auto`` takes the cheaper by the cost model on ``gpu`` (a CUDA device name;
     default: the current CUDA device, or the table's default row without CUDA). ``weight_grad``: the weight
     gradient is computed (its memory holds the vocab strategy's widest chunks until written; False: a frozen
-    head, budget-buffer chunks only).
+    head, budget-buffer chunks only). ``reduction`` and ``accum_dtype`` (the call's) change what the plan says it
+    costs (``gemms``, ``held_mib``, ``peak_mib``; ``reduction="none"`` forms the gradients in the backward), not
+    the layout.
     """
     _check_shape(bt, h, v)
     if budget_knob(chunk_mem_const, max_chunk_mib) == "chunk_mem_const":
         check_chunk_mem_const(chunk_mem_const)
     mib = None if max_chunk_mib is None else check_max_chunk_mib(max_chunk_mib)
     check_strategy(strategy)
+    check_reduction(reduction)
     peaks = device_peaks() if gpu is None else known_peaks(gpu)
-    return _plan(
-        bt, h, v, chunk_mem_const, mib, strategy, dtype.itemsize, peaks, VOCAB_ALIGN, bool(weight_grad)
-    )
+    knobs = (chunk_mem_const, mib, strategy, dtype.itemsize, peaks, VOCAB_ALIGN, bool(weight_grad))
+    return _plan(bt, h, v, *knobs, reduction != "none", _acc_itemsize(accum_dtype))
+
+
+def _acc_itemsize(accum_dtype: torch.dtype | None) -> int:
+    return 0 if accum_dtype is None else accum_dtype.itemsize
 
 
 def plan_for(
@@ -667,4 +739,6 @@ def plan_for(
     peaks = peaks_of(device)
     plan = _uncached(_plan)
     knobs = (options.chunk_mem_const, options.max_chunk_mib, options.strategy)
-    return plan(bt, h, v, *knobs, dtype.itemsize, peaks, VOCAB_ALIGN, weight_grad)
+    forward = options.reduction != "none"
+    acc = _acc_itemsize(options.accum_dtype)
+    return plan(bt, h, v, *knobs, dtype.itemsize, peaks, VOCAB_ALIGN, weight_grad, forward, acc)
