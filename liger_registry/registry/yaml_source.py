@@ -156,7 +156,21 @@ def _syntax_problem(path: Path, exc: yaml.YAMLError, line: int, keys: tuple[str,
     return f"{path}:{line + 1}: {key}: not valid YAML: {shorten(problem, 2 * SHOWN)}"
 
 
+def _check_depth(path: Path, text: str) -> None:
+    """_TooBig past MAX_DEPTH levels, found from the parser's events: the composer recurses once per level, so a
+    file nested thousands deep would otherwise end in a RecursionError wherever the stack runs out."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _TooBig(f"{path}:{event.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def _compose(path: Path, text: str) -> tuple[Any, yaml.Node | None, list[str]]:
+    _check_depth(path, text)
     loader = yaml.SafeLoader(text)  # its reader already refuses control characters
     try:
         node = loader.get_single_node()

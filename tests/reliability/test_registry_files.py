@@ -56,6 +56,20 @@ def test_bad_family_file_is_a_registry_error_naming_it(name, tmp_path, cases) ->
     assert "bad.yaml" in str(_error(tmp_path))
 
 
+@pytest.mark.reliability("raw_exception")
+def test_nesting_past_the_limit_is_refused_before_the_parser_recurses(tmp_path, cases) -> None:
+    cases.tried()
+    (tmp_path / "bad.yaml").write_text(BAD_FILES["deep nesting"])
+    line = BAD_FILES["deep nesting"].count("\n")  # the tiny_config line
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(400)  # too shallow for a parser that recurses level by level through 50,000
+    try:
+        message = str(_error(tmp_path))
+    finally:
+        sys.setrecursionlimit(limit)
+    assert f"bad.yaml:{line}: nested deeper than 64 levels" in message
+
+
 @pytest.mark.reliability("silent_wrong")
 def test_duplicate_key_names_file_and_line(tmp_path, cases) -> None:
     cases.tried(2)
