@@ -32,22 +32,24 @@ def check(results: list[dict], modes: list[str]) -> None:
                 assert grad == pytest.approx(first[name], rel=1e-5, abs=1e-7), (mode, name)
 
 
+MOE = ("qwen3_moe", "gpt_oss")
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
 def test_ddp_and_fsdp2_on_two_cpu_processes(tmp_path):
-    check(launch(tmp_path, CPU_MODES, nproc=2), CPU_MODES)
-
-
-@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
-def test_moe_experts_under_ddp_and_fsdp2_on_two_cpu_processes(tmp_path, model_type):
-    """The experts kernel on the parameters DDP replicates and FSDP2 shards per layer (3-D stacked weights; GPT-OSS:
-    transposed, with biases): the same losses and gradients as unpatched on every rank."""
-    results = launch(tmp_path, CPU_MODES, nproc=2, env_extra={"WORKER_MODEL": model_type})
-    check(results, CPU_MODES)
-    assert all("moe_experts" in r[mode]["patched"]["kinds"] for r in results for mode in CPU_MODES)
+    """Llama, then the experts kernel on the parameters DDP replicates and FSDP2 shards per layer (3-D stacked
+    weights; GPT-OSS: transposed, with biases), in one launch: the same losses and gradients as unpatched on every
+    rank."""
+    results = launch(tmp_path, CPU_MODES, nproc=2, env_extra={"WORKER_MODEL": ",".join(("llama", *MOE))})
+    for model_type in ("llama", *MOE):
+        check([r[model_type] for r in results], CPU_MODES)
+    for model_type in MOE:
+        assert all(
+            "moe_experts" in r[model_type][mode]["patched"]["kinds"] for r in results for mode in CPU_MODES
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (nccl)")
 def test_every_mode_on_the_gpus(tmp_path):
     nproc = torch.cuda.device_count()
-    check(launch(tmp_path, GPU_MODES, nproc=nproc, device="cuda"), GPU_MODES)
+    check([r["llama"] for r in launch(tmp_path, GPU_MODES, nproc=nproc, device="cuda")], GPU_MODES)

@@ -18,7 +18,8 @@ MODES = ("ddp", "fsdp2", "fsdp2_head", "fsdp1", "fsdp1_head")
 
 
 DEVICE = os.environ.get("WORKER_DEVICE", "cpu")
-MODEL_TYPE = os.environ.get("WORKER_MODEL", "llama")  # a bundled family's tiny model
+# bundled families' tiny models, one after the other in the same process group
+MODEL_TYPES = os.environ.get("WORKER_MODEL", "llama").split(",")
 
 
 def wrap(model, mode: str):
@@ -57,8 +58,8 @@ def full_grads(wrapped, mode: str) -> dict[str, list[float]]:
         }
 
 
-def run(mode: str, patch: bool, rank: int) -> dict:
-    model = tiny_model(MODEL_TYPE).to(DEVICE)
+def run(model_type: str, mode: str, patch: bool, rank: int) -> dict:
+    model = tiny_model(model_type).to(DEVICE)
     handle = L.apply(model) if patch else None
     kinds = sorted({r.kernel for r in handle.report.patched}) if handle is not None else []
     wrapped = wrap(model, mode)
@@ -86,19 +87,24 @@ def run(mode: str, patch: bool, rank: int) -> dict:
     return {"losses": losses, "grads": grads, "head_calls": head_calls, "kinds": kinds}
 
 
+SIDES = ("patched", "unpatched")
+
+
 def main() -> None:
     dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo")
     rank = dist.get_rank()
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     modes = sys.argv[1].split(",") if len(sys.argv) > 1 else MODES
-    result = {}
-    for mode in modes:
-        try:
-            result[mode] = {"patched": run(mode, True, rank), "unpatched": run(mode, False, rank)}
-        except Exception as exc:  # reported per mode, so one unsupported wrapper does not hide the others
-            result[mode] = {"error": f"{type(exc).__name__}: {exc}"}
-        dist.barrier()
+    result = {model_type: {} for model_type in MODEL_TYPES}
+    for model_type in MODEL_TYPES:
+        for mode in modes:
+            got = result[model_type]
+            try:
+                got[mode] = {side: run(model_type, mode, side == "patched", rank) for side in SIDES}
+            except Exception as exc:  # reported per mode, so one unsupported wrapper does not hide the others
+                got[mode] = {"error": f"{type(exc).__name__}: {exc}"}
+            dist.barrier()
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     gc.collect()  # FSDP's reference cycles hold gloo work; freed at interpreter shutdown they abort the rank
