@@ -103,6 +103,8 @@ COS_LAYOUTS = ("broadcast", "per-batch", "expanded")
 QK_COS_PAIRS = tuple((qk, "broadcast") for qk in QK_LAYOUTS) + tuple(
     ("transposed", cs) for cs in COS_LAYOUTS if cs != "broadcast"
 )
+# the 2-D and odd-width tables are read through the same stride arguments: the non-dense q/k layouts alternate
+TABLE_QK_LAYOUTS = ("transposed", "fused-qkv")
 
 
 # ---------------------------------------------------------------- the cases
@@ -280,15 +282,15 @@ def _rope_table_cases() -> list[Case]:
         "wide-per-batch-table": (D, lambda: _cos_sin("per-batch", D + 6)),
     }
     cases = []
-    for name, (d, table) in tables.items():
-        for qk in ("transposed", "fused-qkv"):
-            for backward in (False, True):
+    for i, (name, (d, table)) in enumerate(tables.items()):
+        for backward in (False, True):  # each table under both q/k layouts, each direction under both too
+            qk = TABLE_QK_LAYOUTS[(i + backward) % 2]
 
-                def make(backend, qk=qk, d=d, table=table, backward=backward):
-                    q, k = _qk(qk, grad=not backward, head_dim=d)
-                    return (q, k, *table(), backward, backend)
+            def make(backend, qk=qk, d=d, table=table, backward=backward):
+                q, k = _qk(qk, grad=not backward, head_dim=d)
+                return (q, k, *table(), backward, backend)
 
-                cases.append(Case("rope", f"{qk}-{name}-{'bwd' if backward else 'fwd'}", BOTH, make))
+            cases.append(Case("rope", f"{qk}-{name}-{'bwd' if backward else 'fwd'}", BOTH, make))
     return cases
 
 
@@ -424,13 +426,17 @@ TRITON = ("triton",)  # the variants' ops wrap their Triton launchers; their tor
 
 def _variant_cases() -> list[Case]:
     cases = []
-    for qk, cs in QK_COS_PAIRS:
-        for name, opts in {
-            "partial": (D // 2, False, False),
-            "interleaved-per-pair": (D, True, True),
-            "half-split": (D, False, True),
-        }.items():
-            rot, interleaved, per_pair = opts
+    variants = {
+        "partial": (D // 2, False, False),
+        "interleaved-per-pair": (D, True, True),
+        "half-split": (D, False, True),
+    }
+    for i, (qk, cs) in enumerate(QK_COS_PAIRS):
+        # the variant is a constexpr branch apart from the strides: every variant on attention's transposed q/k
+        # with broadcast tables, the other layouts one variant each in turn
+        chosen = list(variants) if (qk, cs) == ("transposed", "broadcast") else [list(variants)[i % 3]]
+        for name in chosen:
+            rot, interleaved, per_pair = variants[name]
 
             def rope(_backend, qk=qk, cs=cs, rot=rot, interleaved=interleaved, per_pair=per_pair):
                 q, k = _qk(qk, grad=True)
@@ -438,21 +444,23 @@ def _variant_cases() -> list[Case]:
                 return (q, k, cos, sin, rot, interleaved, per_pair, q.dtype, k.dtype, False)
 
             cases.append(Case("rope_variant", f"{qk}-{cs}-{name}", TRITON, rope))
-    for qk in ("transposed", "fused-qkv"):
-        for name, (rot, interleaved, per_pair, width) in {
+    for i, (name, (rot, interleaved, per_pair, width)) in enumerate(
+        {
             "2d-table-partial": (D // 2, False, False, D // 2),
             "2d-wide-table-partial": (D // 2, False, False, D + 4),
             "2d-wide-table-interleaved-per-pair": (D, True, True, D),
             "odd-head-dim-half-split": (D, False, True, D // 2),
-        }.items():
-            d = D + 1 if name.startswith("odd") else D
+        }.items()
+    ):
+        qk = TABLE_QK_LAYOUTS[i % 2]
+        d = D + 1 if name.startswith("odd") else D
 
-            def table_rope(_backend, qk=qk, layout=(rot, interleaved, per_pair), w=width, d=d):
-                q, k = _qk(qk, grad=True, head_dim=d)
-                cos, sin = rand(S, w, seed=4), rand(S, w, seed=5)
-                return (q, k, cos, sin, *layout, q.dtype, k.dtype, False)
+        def table_rope(_backend, qk=qk, layout=(rot, interleaved, per_pair), w=width, d=d):
+            q, k = _qk(qk, grad=True, head_dim=d)
+            cos, sin = rand(S, w, seed=4), rand(S, w, seed=5)
+            return (q, k, cos, sin, *layout, q.dtype, k.dtype, False)
 
-            cases.append(Case("rope_variant", f"{qk}-{name}", TRITON, table_rope))
+        cases.append(Case("rope_variant", f"{qk}-{name}", TRITON, table_rope))
     for name, layout in ROW_LAYOUTS.items():
         shape = (*ROW_SHAPE[:-1], 2 * ROW_SHAPE[-1])
         for kind in ("swiglu", "geglu", "clamped_swiglu"):
