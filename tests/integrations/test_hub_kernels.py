@@ -86,6 +86,16 @@ def test_the_repository_loads_through_kernels(tmp_path, caplog):
     assert not [r for r in caplog.records if "digest" in r.getMessage()]
 
 
+def unpatched(path: str, batch: dict) -> tuple[torch.Tensor, dict, torch.Tensor]:
+    """Training loss and gradients, and eval logits, of the checkpoint loaded without kernels; computed before
+    a kernelized model exists (kernels before 0.19 kernelize a rotary function for the whole process)."""
+    model = load(path, use_kernels=False)
+    model.train()
+    loss, grads = loss_and_grads(model, model, batch)
+    with torch.no_grad():
+        return loss, grads, model.eval()(**batch).logits
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_from_pretrained_kernelizes_with_our_layers_and_computes_as_unpatched(
@@ -93,7 +103,8 @@ def test_from_pretrained_kernelizes_with_our_layers_and_computes_as_unpatched(
 ):
     monkeypatch.setenv(K.ENV_VAR, backend)
     path = saved(model_type)
-    reference = load(path, use_kernels=False)
+    batch = tiny_batch(tiny_model(model_type))
+    want_loss, want_grads, want_logits = unpatched(path, batch)
     model = load(path, use_kernels=True, kernel_config=hub_kernels.kernel_config())
     try:
         served = hub_kernels.kernelized_layers(model)
@@ -102,11 +113,8 @@ def test_from_pretrained_kernelizes_with_our_layers_and_computes_as_unpatched(
         ]
         assert set(norms) < set(served) and all(served.values())
         assert sum(name.endswith("rotary_pos_emb") for name in served) == model.config.num_hidden_layers
-        batch = tiny_batch(model)
-        for m in (reference, model):
-            m.train()  # kernelizes again for training: our layers stay
-        assert all(hub_kernels.kernelized_layers(model).values())
-        want_loss, want_grads = loss_and_grads(reference, reference, batch)
+        model.train()  # kernelizes again, for training: our layers stay
+        assert hub_kernels.kernelized_layers(model) == served
         with counting(monkeypatch) as calls:
             loss, grads = loss_and_grads(model, model, batch)
         assert calls == {"rms_norm": len(norms), "rope": model.config.num_hidden_layers}
@@ -114,8 +122,7 @@ def test_from_pretrained_kernelizes_with_our_layers_and_computes_as_unpatched(
         assert rel_diff(loss, want_loss) < tol
         assert max(rel_diff(grads[k], want_grads[k]) for k in want_grads) < 10 * tol
         with torch.no_grad():
-            model.eval(), reference.eval()
-            assert rel_diff(model(**batch).logits, reference(**batch).logits) < tol
+            assert rel_diff(model.eval()(**batch).logits, want_logits) < tol
     finally:
         unkernelize(model)
 
@@ -124,14 +131,19 @@ def test_gpt_oss_rotary_function_with_one_cos_per_pair(saved):
     """GPT-OSS's rotary function takes cos/sin with one value per pair of dimensions: the layer runs the
     half-split drop-in its family entry names, and the model computes as unpatched."""
     path = saved("gpt_oss")
-    reference = load(path, use_kernels=False)
+    batch = tiny_batch(tiny_model("gpt_oss"))
+    want_loss, want_grads, want_logits = unpatched(path, batch)
     model = load(path, use_kernels=True, kernel_config=hub_kernels.kernel_config())
     try:
         served = hub_kernels.kernelized_layers(model)
-        assert len(served) == model.config.num_hidden_layers and all(served.values())
-        batch = tiny_batch(model)
+        rotary = [name for name in served if name.endswith("rotary_pos_emb")]
+        assert len(rotary) == model.config.num_hidden_layers and all(served.values())
+        model.train()
+        loss, grads = loss_and_grads(model, model, batch)
+        assert rel_diff(loss, want_loss) < 1e-6
+        assert max(rel_diff(grads[k], want_grads[k]) for k in want_grads) < 1e-5
         with torch.no_grad():
-            assert rel_diff(model(**batch).logits, reference(**batch).logits) < 1e-6
+            assert rel_diff(model.eval()(**batch).logits, want_logits) < 1e-6
     finally:
         unkernelize(model)
 
@@ -144,7 +156,7 @@ def test_set_use_kernels_and_kernels_own_kernelize():
     finally:
         unkernelize(model)
     assert not hub_kernels.kernelized_layers(model)
-    with kernels.use_kernel_mapping(hub_kernels.kernel_mapping(), inherit_mapping=False):
+    with kernels.use_kernel_mapping(hub_kernels.kernel_mapping(model=model), inherit_mapping=False):
         kernels.kernelize(model, mode=kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE, device="cpu")
     try:
         assert len(hub_kernels.kernelized_layers(model)) == 7 and all(
@@ -182,7 +194,7 @@ def test_a_class_no_family_serves_keeps_its_own_computation():
     module = OddNorm()
     x = torch.randn(3, 8)
     want = module(x)
-    with kernels.use_kernel_mapping(hub_kernels.kernel_mapping(), inherit_mapping=False):
+    with kernels.use_kernel_mapping(hub_kernels.kernel_mapping(model=module), inherit_mapping=False):
         kernels.kernelize(module, mode=kernels.Mode.TRAINING, device="cpu")
     assert module.forward.__func__ is layers.RMSNorm.forward
     assert hub_kernels.kernelized_layers(module) == {"": False}
@@ -208,7 +220,7 @@ def test_a_rotary_function_no_family_serves_keeps_its_own():
         torch.randn(1, 5, 8),
     )
     want = module(q, k, cos, sin)
-    with kernels.use_kernel_mapping(hub_kernels.kernel_mapping(), inherit_mapping=False):
+    with kernels.use_kernel_mapping(hub_kernels.kernel_mapping(model=module), inherit_mapping=False):
         kernels.kernelize(module, mode=kernels.Mode.TRAINING, device="cpu")
     try:
         assert hub_kernels.kernelized_layers(module) == {"rotary_pos_emb": False}

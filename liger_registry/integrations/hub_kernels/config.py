@@ -58,20 +58,23 @@ def _modes(kernels) -> tuple:
     )
 
 
-def _device_repos(kernels, repo: Any, devices: tuple[str, ...]) -> dict:
-    """The repository for every mode on every device: kernelize asks for the mode the model is in each time."""
-    return {device: dict.fromkeys(_modes(kernels), repo) for device in devices}
-
-
-def kernel_mapping(path: str | Path | None = None, devices: tuple[str, ...] = DEVICES) -> dict:
-    """The mapping for `kernels`' own API, ``with kernels.use_kernel_mapping(kernel_mapping()):
-    kernels.kernelize(model, mode=Mode.TRAINING, device="cuda")``; `path` defaults to :func:`repository_path`."""
+def kernel_mapping(path: str | Path | None = None, devices: tuple[str, ...] = DEVICES, model=None) -> dict:
+    """The mapping for `kernels`' own API, ``with kernels.use_kernel_mapping(kernel_mapping(model=model),
+    inherit_mapping=False): kernels.kernelize(model, mode=Mode.TRAINING, device="cuda")``; `path` defaults to
+    :func:`repository_path`. With `model`, every other hub name it declares maps to no device: those layers keep
+    their forwards without kernels' "no kernel mapping" warning."""
     kernels = require_kernels()
     root = Path(path).resolve() if path is not None else repository_path()
-    return {
-        hub: _device_repos(kernels, kernels.LocalLayerRepository(repo_path=root, layer_name=ours), devices)
-        for hub, ours in LAYERS.items()
-    }
+    return _mapping(kernels, {hub: (root, ours) for hub, ours in LAYERS.items()}, devices, model)
+
+
+def _mapping(kernels, repos: dict[str, tuple[Path, str]], devices: tuple[str, ...], model) -> dict:
+    """kernels' nested mapping of `repos` (hub name -> (repository, layer)) for every mode on each device."""
+    mapping = {name: {} for name in (_declared_names(model) if model is not None else ())}
+    for hub, (root, layer) in repos.items():
+        repo = kernels.LocalLayerRepository(repo_path=root, layer_name=layer)
+        mapping[hub] = {device: dict.fromkeys(_modes(kernels), repo) for device in devices}
+    return mapping
 
 
 def _repo_string(hub: str, value: Any) -> str:
@@ -117,15 +120,13 @@ class LigerRegistryKernelConfig(KernelConfig):
         if self.resolved:
             model.kernel_config = self
             return
-        kernels = require_kernels()
-        mapping = {}
-        for hub in _declared_names(model):
-            if hub not in self.kernel_mapping:
-                mapping[hub] = {}
-                continue
-            path, _, layer = _repo_string(hub, self.kernel_mapping[hub]).rpartition(":")
-            repo = kernels.LocalLayerRepository(repo_path=Path(path), layer_name=layer)
-            mapping[hub] = _device_repos(kernels, repo, self.devices)
+        declared = _declared_names(model)
+        repos = {}
+        for hub, value in self.kernel_mapping.items():
+            if hub in declared:
+                path, _, layer = _repo_string(hub, value).rpartition(":")
+                repos[hub] = (Path(path), layer)
+        mapping = _mapping(require_kernels(), repos, self.devices, model)
         resolved = LigerRegistryKernelConfig(mapping, devices=self.devices)
         resolved.resolved = True
         model.kernel_config = resolved
