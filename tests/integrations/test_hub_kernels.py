@@ -7,12 +7,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from integration_helpers import args
 from transformers import AutoModelForCausalLM
 
+import liger_registry
 import liger_registry.kernels as K
 from liger_registry import cli
 from liger_registry.integrations import hub_kernels
@@ -148,6 +154,48 @@ def test_gpt_oss_rotary_function_with_one_cos_per_pair(saved):
         unkernelize(model)
 
 
+def test_apply_adds_the_other_kernels_to_a_kernelized_model(saved):
+    """The mapping's norms and rotary functions, apply's fused loss, SwiGLU and fused residual-add norm: the
+    unpatched model's loss and gradients; revert takes apply's kernels out and leaves the mapping's layers."""
+    path = saved("llama")
+    batch = tiny_batch(tiny_model("llama"))
+    want_loss, want_grads, _ = unpatched(path, batch)
+    model = load(path, use_kernels=True, kernel_config=hub_kernels.kernel_config())
+    try:
+        handle = liger_registry.apply(model, rms_norm=False, rope=False)
+        assert {r.kernel for r in handle.report.patched} >= {"forward", "swiglu", "add_rms_norm"}
+        model.train()
+        served = hub_kernels.kernelized_layers(model)
+        assert len(served) == 7 and all(served.values())
+        loss, grads = loss_and_grads(model, model, batch)
+        assert rel_diff(loss, want_loss) < 1e-6
+        assert max(rel_diff(grads[k], want_grads[k]) for k in want_grads) < 1e-5
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            handle.revert()
+        assert hub_kernels.kernelized_layers(model) == served
+    finally:
+        unkernelize(model)
+
+
+def test_a_kernelized_model_compiles_in_one_graph(saved):
+    path = saved("llama")
+    batch = tiny_batch(tiny_model("llama"))
+    want_loss, want_grads, _ = unpatched(path, batch)
+    model = load(path, use_kernels=True, kernel_config=hub_kernels.kernel_config())
+    try:
+        model.train()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        loss, grads = loss_and_grads(compiled, model, batch)
+        assert all(hub_kernels.kernelized_layers(model).values())
+        assert rel_diff(loss, want_loss) < 1e-6
+        assert max(rel_diff(grads[k], want_grads[k]) for k in want_grads) < 1e-5
+    finally:
+        torch._dynamo.reset()
+        unkernelize(model)
+
+
 def test_set_use_kernels_and_kernels_own_kernelize():
     model = tiny_model("llama")
     model.set_use_kernels(True, hub_kernels.kernel_config())
@@ -272,6 +320,23 @@ def test_trl_model_init_kwargs_build_the_model_with_our_layers(saved, tmp_path):
         assert len(got) == 2 and got == pytest.approx(want, rel=1e-5)
     finally:
         unkernelize(trainer.model)
+
+
+def test_the_readme_section_opens_with_a_snippet_that_runs(tmp_path):
+    """As tests/test_docs.py runs the docs' snippets: on its own, in a fresh interpreter, offline."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("## transformers' kernel mapping (use_kernels)\n")
+    body = readme[start:].split("\n", 1)[1].lstrip("\n")
+    assert body.startswith("```python\n"), "the section opens with the snippet"
+    script = tmp_path / "snippet.py"
+    script.write_text(body.removeprefix("```python\n").split("\n```")[0], encoding="utf-8")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": root}
+    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
 
 
 @pytest.mark.gpu
