@@ -339,33 +339,55 @@ def test_the_readme_section_opens_with_a_snippet_that_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
 
 
+def cuda_model(path: str, **kwargs):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda", **kwargs)
+
+
+def cuda_batch(model_type: str) -> dict[str, torch.Tensor]:
+    return {k: v.cuda() for k, v in tiny_batch(tiny_model(model_type), batch=4, seq=64).items()}
+
+
+def train_step(call, model, batch):
+    model.train()
+    return loss_and_grads(call, model, batch)
+
+
 @pytest.mark.gpu
 def test_bf16_kernelized_model_on_cuda_stays_as_close_to_fp32_as_unpatched(saved):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    path = saved("llama")
-    batch = {k: v.cuda() for k, v in tiny_batch(tiny_model("llama"), batch=4, seq=64).items()}
-
-    def step(model):
-        model.train()
-        return loss_and_grads(model, model, batch)
-
-    fp32 = step(load(path, use_kernels=False).cuda())
+    path, batch = saved("llama"), cuda_batch("llama")
+    fp32_model = load(path, use_kernels=False).cuda()
+    fp32 = train_step(fp32_model, fp32_model, batch)
     # the unpatched bf16 run first: kernels before 0.19 kernelize a rotary function for the whole process
-    hf = step(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, use_kernels=False).cuda())
-    model = AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=torch.bfloat16,
-        device_map="cuda",
-        use_kernels=True,
-        kernel_config=hub_kernels.kernel_config(),
-    )
+    hf_model = cuda_model(path, use_kernels=False)
+    hf = train_step(hf_model, hf_model, batch)
+    model = cuda_model(path, use_kernels=True, kernel_config=hub_kernels.kernel_config())
     try:
-        assert all(hub_kernels.kernelized_layers(model).values())
-        ours = step(model)
+        assert len(hub_kernels.kernelized_layers(model)) == 7 and all(
+            hub_kernels.kernelized_layers(model).values()
+        )
+        ours = train_step(model, model, batch)
         assert rel_diff(ours[0], fp32[0]) <= 2 * rel_diff(hf[0], fp32[0]) + 1e-3
         for name, grad in fp32[1].items():
             assert rel_diff(ours[1][name], grad) <= 2 * rel_diff(hf[1][name], grad) + 1e-2, name
     finally:
-        with kernels.use_kernel_mapping({}, inherit_mapping=False):
-            kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cuda")
+        unkernelize(model)
+
+
+@pytest.mark.gpu
+def test_bf16_kernelized_model_compiles_with_inductor_on_cuda(saved):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    path, batch = saved("llama"), cuda_batch("llama")
+    model = cuda_model(path, use_kernels=True, kernel_config=hub_kernels.kernel_config())
+    try:
+        eager = train_step(model, model, batch)
+        torch._dynamo.reset()
+        compiled = train_step(torch.compile(model, fullgraph=True), model, batch)
+        assert all(hub_kernels.kernelized_layers(model).values())
+        assert rel_diff(compiled[0], eager[0]) < 1e-2
+        assert max(rel_diff(compiled[1][k], eager[1][k]) for k in eager[1]) < 5e-2
+    finally:
+        torch._dynamo.reset()
+        unkernelize(model)

@@ -84,12 +84,21 @@ def served() -> Served:
     return Served(norms, rotaries)
 
 
+def _named(table: dict[tuple[str, str], Any], obj: Any) -> Any:
+    """The spec whose (module, name) names `obj` in a module imported so far (a family module may name a
+    class it imports from another family's), None if none does."""
+    spec = table.get((getattr(obj, "__module__", None), getattr(obj, "__name__", None)))
+    if spec is not None and getattr(sys.modules.get(obj.__module__), obj.__name__, None) is obj:
+        return spec
+    for (module_name, attr), spec in table.items():
+        if getattr(sys.modules.get(module_name), attr, None) is obj:
+            return spec
+    return None
+
+
 def _norm_forward(cls: type) -> Callable | None:
-    spec = served().norms.get((cls.__module__, cls.__name__))
-    module = sys.modules.get(cls.__module__)
-    if spec is None or getattr(module, cls.__name__, None) is not cls:
-        return None
-    return wiring.maker("rms_norm", spec.variant)(spec)
+    spec = _named(served().norms, cls)
+    return None if spec is None else wiring.maker("rms_norm", spec.variant)(spec)
 
 
 def _takes_rotary_call(dropin: Callable) -> bool:
