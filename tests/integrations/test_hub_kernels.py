@@ -339,6 +339,41 @@ def test_the_readme_section_opens_with_a_snippet_that_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
 
 
+def test_trl_grpo_builds_policy_and_reference_model_from_one_config(saved, tmp_path):
+    """GRPO with a KL term loads a reference model beside the policy, from the same model_init_kwargs."""
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+    from test_trl import tokenizer
+
+    config = trl.GRPOConfig(
+        str(tmp_path / "out"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        beta=0.1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        model_init_kwargs={"use_kernels": True, "kernel_config": hub_kernels.kernel_config()},
+    )
+    trainer = trl.GRPOTrainer(
+        model=saved("llama"),
+        reward_funcs=lambda completions, **_: [float(len(c)) for c in completions],
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": ["t5 t6 t7"] * 8}),
+        processing_class=tokenizer(128),
+    )
+    try:
+        for model in (trainer.model, trainer.ref_model):
+            served = hub_kernels.kernelized_layers(model)
+            assert len(served) == 7 and all(served.values())
+        trainer.train()
+        assert all(hub_kernels.kernelized_layers(trainer.model).values())
+    finally:
+        unkernelize(trainer.model), unkernelize(trainer.ref_model)
+
+
 def cuda_model(path: str, **kwargs):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda", **kwargs)
 
