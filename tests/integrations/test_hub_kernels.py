@@ -76,8 +76,7 @@ def saved(tmp_path):
 
 
 def load(path: str, **kwargs):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
-    return model
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
 
 
 def test_the_repository_loads_through_kernels(tmp_path, caplog):
