@@ -1,4 +1,4 @@
-"""The `liger-registry` command: lint, list, show, explain, schema, env, demo, scaffold."""
+"""The `liger-registry` command: lint, list, show, explain, schema, env, demo, scaffold, kernel-repo."""
 
 from __future__ import annotations
 
@@ -173,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --all: the seconds each type may take before it is reported as over the cap",
     )
+    repo = sub.add_parser(
+        "kernel-repo", help="write the kernels repository of our layers for transformers' KernelConfig"
+    )
+    repo.add_argument("directory", metavar="DIR", help="where to write it (created if needed)")
     return parser
 
 
@@ -304,6 +308,13 @@ def _scaffold(args) -> int:
     return scaffold_command(args)
 
 
+def _kernel_repo(args) -> int:
+    from liger_registry.integrations.hub_kernels import write_repository
+
+    print(write_repository(args.directory))  # the /abs/path of "/abs/path:RMSNorm" mappings
+    return 0
+
+
 COMMANDS = {
     "lint": _lint,
     "list": _list,
@@ -313,6 +324,7 @@ COMMANDS = {
     "env": _env,
     "demo": _demo,
     "scaffold": _scaffold,
+    "kernel-repo": _kernel_repo,
 }
 
 

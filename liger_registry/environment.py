@@ -12,7 +12,7 @@ from liger_registry.kernels.backend import ENV_VAR as BACKEND_VARIABLE
 from liger_registry.registry.loader import PATH_VARIABLE
 
 PACKAGES = ("liger-registry", "torch", "triton", "transformers", "pydantic", "pyyaml", "rich")
-OPTIONAL = ("peft", "trl", "accelerate", "datasets")  # the integrations, reported when installed
+OPTIONAL = ("peft", "trl", "accelerate", "datasets", "kernels")  # the integrations, reported when installed
 VARIABLES = (BACKEND_VARIABLE, PATH_VARIABLE, "TRITON_INTERPRET")
 
 
