@@ -8,6 +8,7 @@ the script's stdout and stderr go to ``stdout.txt`` and ``stderr.txt`` in its cw
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -36,6 +37,7 @@ def _child(script: str, cwd: str, timeout: int) -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
+    atexit._run_exitfuncs()  # as the snippet's own interpreter would at exit (temporary files it registered)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
