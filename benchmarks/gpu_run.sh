@@ -4,7 +4,8 @@
 # result files (JSON, PNG, measurements.csv) under $OUT (default benchmarks/results).
 # Usage: LIMIT_S=SECONDS bash benchmarks/gpu_run.sh PART...   (default parts: tests flce e2e)
 #   tests          the GPU tests (pytest -m gpu; over GPU_TEST_WORKERS xdist processes where xdist is installed): tests/kernels, tests/alignment/test_gpu_alignment.py,
-#                  tests/integrations/test_checkpointing.py; summary JSON in $OUT/gpu_tests.json
+#                  tests/integrations/test_checkpointing.py, test_hub_kernels.py (transformers' kernel mapping: carry the
+#                  kernels wheel that the installed transformers accepts); summary JSON in $OUT/gpu_tests.json
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
 #                  transformers), compile-check rules
 #   parity         bf16 GPU parity suite (tests/convergence, without the with-logits runs), strategy as planned
@@ -109,7 +110,7 @@ for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-300}" 30 \
              $PYTEST $WORKERS -s -m gpu tests/kernels tests/alignment/test_gpu_alignment.py \
-             tests/integrations/test_checkpointing.py
+             tests/integrations/test_checkpointing.py tests/integrations/test_hub_kernels.py
            join_reports "$OUT/gpu_tests.json" ;;
     fidelity) part fidelity "${T_FIDELITY:-180}" 12 $PYTEST $WORKERS tests/kernels/test_opcheck.py \
                 tests/kernels/test_compile_variants.py tests/convergence/test_moe_router_logits.py \
