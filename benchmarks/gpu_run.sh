@@ -20,7 +20,10 @@
 #                  --tag dense4k") when the whole table does not fit LIMIT_S; join the JSONs with step --merge
 #   ops            python -m benchmarks ops
 #   moe            MoE experts: the GPU tests of tests/kernels/test_moe.py, the probe benchmarks.probes.moe_kernels
-#                  (ours vs grouped_mm, numerics vs fp32) and python -m benchmarks moe (MOE_ARGS)
+#                  (ours vs grouped_mm, numerics vs fp32), `liger-registry tune moe` twice in two processes (an
+#                  empty tile cache, then the one the first filled: $OUT/autotune, its JSON comes back) and
+#                  python -m benchmarks moe (MOE_ARGS; default: the four shapes at 4096 and 16384 tokens against
+#                  hf:eager, hf:grouped_mm and liger, with ours' first call timed on an empty tile cache)
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
@@ -114,7 +117,12 @@ for p in ${*:-tests flce e2e}; do
     moe) # the GPU tests only: on the device the CPU ones would use up the part's time
          part moe-tests "${T_MOE:-120}" 12 $PYTEST -m gpu tests/kernels/test_moe.py
          probe moe-probe "${T_MOE_PROBE:-150}" 40 moe_kernels --tokens 4096,16384
-         bench moe-bench "${T_MOE_BENCH:-300}" 60 moe $MOE_ARGS ;;
+         tune="python3 -m liger_registry.cli tune moe --family ${MOE_TUNE_FAMILY:-qwen3_moe} --tokens 4096,16384"
+         rm -rf "$OUT/autotune"  # the first process searches with an empty cache, the second reads it
+         LIGER_REGISTRY_CACHE_DIR=$OUT/autotune part moe-tune "${T_MOE_TUNE:-180}" 40 bash -c \
+           "for run in empty-cache filled-cache; do echo \"--- \$run\"; time $tune || exit 1; done"
+         bench moe-bench "${T_MOE_BENCH:-600}" 70 moe ${MOE_ARGS:---shapes qwen3_moe,gpt_oss,mixtral,dbrx \
+           --tokens 4096,16384 --methods hf:eager,hf:grouped_mm,liger,ours} ;;
     distributed) bench distributed "${T_DIST:-300}" 30 distributed $DIST_ARGS ;;
     compile) t=$(limit_of "${T_COMPILE:-300}")
              bench compile "$t" 85 compile --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;

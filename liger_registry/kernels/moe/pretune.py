@@ -50,6 +50,7 @@ PRESETS = {
     "dbrx": ExpertsShape("DBRX-132B", 16, 4, 6144, 10752, split=True),
 }
 GPT_OSS_LIMIT, GPT_OSS_ALPHA = 7.0, 1.702
+BACKEND_ENV = "LIGER_REGISTRY_BACKEND"  # kernels/backend.py's switch
 
 
 def _first(config: dict, *names: str):
@@ -85,17 +86,15 @@ def shape_from_config(path: str | Path) -> ExpertsShape:
 @contextlib.contextmanager
 def _triton_backend():
     """The Triton kernels for CPU tensors too (the interpreter's run)."""
-    from ..backend import ENV_VAR
-
-    old = os.environ.get(ENV_VAR)
-    os.environ[ENV_VAR] = "triton"
+    old = os.environ.get(BACKEND_ENV)
+    os.environ[BACKEND_ENV] = "triton"
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(ENV_VAR, None)
+            os.environ.pop(BACKEND_ENV, None)
         else:
-            os.environ[ENV_VAR] = old
+            os.environ[BACKEND_ENV] = old
 
 
 def _weights(shape: ExpertsShape, device, dtype) -> dict:

@@ -1,8 +1,7 @@
 """The on-disk record of autotuning results, shared by every process of one machine.
 
 * One JSON file per (kernel, kernel source hash, GPU, Triton version): ``<kernel>-<source>-<gpu>-<triton>.json``
-  under :func:`cache_dir` (``$LIGER_REGISTRY_CACHE_DIR``, else ``$XDG_CACHE_HOME/liger_registry/autotune``, else
-  ``~/.cache/liger_registry/autotune``). The file holds ``entries``: shape bucket -> the picked config and the
+  under :func:`cache_dir` (``$LIGER_REGISTRY_CACHE_DIR``, else ``~/.cache/liger_registry/autotune``). The file holds ``entries``: shape bucket -> the picked config and the
   timings that picked it. A kernel whose source changed, another GPU or another Triton reads another file: a pick
   is never reused where it was not measured.
 * Written atomically (a temporary file in the same directory, then ``os.replace``): a reader sees the old file or
@@ -49,8 +48,7 @@ def cache_dir() -> Path:
     between calls)."""
     if explicit := os.environ.get(CACHE_DIR_ENV):
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "liger_registry" / "autotune"
+    return Path.home() / ".cache" / "liger_registry" / "autotune"
 
 
 def source_hash(*texts: str) -> str:
