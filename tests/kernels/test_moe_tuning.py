@@ -334,3 +334,30 @@ def test_tune_cli_refuses_clearly_without_a_gpu():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "liger-registry tune: error:" in done.stderr and "no CUDA device" in done.stderr
+
+
+class _Kernel:
+    """Records each launch's grid and keyword arguments."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.launches.append((grid, kw))
+
+
+def test_a_known_bucket_launches_without_asking_for_candidates(cache_dir, monkeypatch):
+    monkeypatch.setattr(tuning, "time_ms", lambda fn, device: (fn(), 1.0)[1])
+    kernel, asked = _Kernel(), []
+    tuner = tuning.Tuner("fake", kernel, [CACHE_FILE])
+
+    def candidates():
+        asked.append(1)
+        return list(TWO)
+
+    cpu = torch.device("cpu")
+    for n in (64, 64, 128):
+        tuner.launch("grid", (), {"MODE": 0}, {"N": n}, candidates, cpu)
+    assert len(asked) == 2 and set(tuner.picks) == {"N=64,MODE=0", "N=128,MODE=0"}
+    # each search tried both configs, then each launch ran its pick
+    assert [kw["BN"] for _, kw in kernel.launches] == [16, 32, 16, 16, 16, 32, 16]

@@ -256,7 +256,8 @@ class Tuner:
 
     def __init__(self, name: str, kernel, sources: Sequence[Path]):
         self.name, self.kernel, self.sources = name, kernel, tuple(sources)
-        self.picks: dict[str, TileConfig] = {}
+        self.picks: dict[str, TileConfig] = {}  # bucket name -> config
+        self._known: dict[tuple, TileConfig] = {}  # the same, keyed by the launch's values (the fast path)
         self.searches: list[Search] = []
         self.cached: list[str] = []  # buckets whose config came from the disk cache
         self.defaulted: list[str] = []  # buckets with the heuristic's first config, unsearched
@@ -268,19 +269,26 @@ class Tuner:
     def disk(self, device: torch.device) -> tune_cache.TuneCache:
         return tune_cache.TuneCache(self.name, self.source, device_name(device), triton.__version__)
 
-    def launch(self, grid, args: tuple, consts: dict, bucket: str, candidates: list[TileConfig],
+    def launch(self, grid, args: tuple, consts: dict, sizes: dict, candidates: Callable[[], list[TileConfig]],
                device: torch.device, restore: Sequence[torch.Tensor] = ()) -> TileConfig:  # fmt: skip
-        """Launch with the bucket's config (searched for first if no process or file has it); ``restore``: tensors
-        a trial may leave differently from the zeros the caller gave (restored after every trial)."""
+        """Launch with the config of the bucket ``sizes`` + ``consts`` name (searched for first if no process or
+        file has it). ``candidates`` is called only then (a launch whose bucket this process knows costs a tuple
+        lookup); ``restore``: tensors a trial may leave differently from the zeros the caller gave (restored
+        after every trial)."""
 
         def run(cfg: TileConfig):
             self.kernel[grid](*args, **consts, **cfg.launch_kwargs())
 
-        cfg = self.pick(bucket, candidates, device, run, restore)
+        key = (*sizes.values(), *consts.values())
+        cfg = self._known.get(key)
+        if cfg is None:
+            cfg = self.pick(bucket_name(sizes, consts), candidates(), device, run, restore)
+            self._known[key] = cfg
         run(cfg)
         return cfg
 
-    def pick(self, bucket, candidates, device, run, restore=()) -> TileConfig:
+    def pick(self, bucket: str, candidates: list[TileConfig], device, run, restore=()) -> TileConfig:
+        """The bucket's config: this process's pick, the disk cache's, or a search's (``run(cfg)`` launches)."""
         if (cfg := self.picks.get(bucket)) is not None:
             return cfg
         if len(candidates) == 1 or not search_enabled():
@@ -327,9 +335,15 @@ class Tuner:
     def reset(self) -> None:
         """Forget this process's picks (the next launch of each bucket reads the disk or searches again)."""
         self.picks.clear()
+        self._known.clear()
         self.searches.clear()
         self.cached.clear()
         self.defaulted.clear()
+
+
+def bucket_name(sizes: dict, consts: dict) -> str:
+    """The cache key of a launch: its sizes and every constexpr that changes the compiled kernel."""
+    return ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in {**sizes, **consts}.items())
 
 
 TUNERS: dict[str, Tuner] = {}
