@@ -23,7 +23,8 @@
 #                  (ours vs grouped_mm, numerics vs fp32), `liger-registry tune moe` twice in two processes (an
 #                  empty tile cache, then the one the first filled: $OUT/autotune, its JSON comes back) and
 #                  python -m benchmarks moe (MOE_ARGS; default: the four shapes at 4096 and 16384 tokens against
-#                  hf:eager, hf:grouped_mm and liger, with ours' first call timed on an empty tile cache)
+#                  hf:eager, hf:grouped_mm and liger, with ours' first call timed on an empty tile cache, and
+#                  ours:persistent, the rows kernel's persistent schedule, off by default until this A/B)
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
@@ -122,7 +123,7 @@ for p in ${*:-tests flce e2e}; do
          LIGER_REGISTRY_CACHE_DIR=$OUT/autotune part moe-tune "${T_MOE_TUNE:-180}" 40 bash -c \
            "for run in empty-cache filled-cache; do echo \"--- \$run\"; time $tune || exit 1; done"
          bench moe-bench "${T_MOE_BENCH:-600}" 70 moe ${MOE_ARGS:---shapes qwen3_moe,gpt_oss,mixtral,dbrx \
-           --tokens 4096,16384 --methods hf:eager,hf:grouped_mm,liger,ours} ;;
+           --tokens 4096,16384 --methods hf:eager,hf:grouped_mm,liger,ours,ours:persistent} ;;
     distributed) bench distributed "${T_DIST:-300}" 30 distributed $DIST_ARGS ;;
     compile) t=$(limit_of "${T_COMPILE:-300}")
              bench compile "$t" 85 compile --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;

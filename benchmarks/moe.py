@@ -143,7 +143,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--methods",
         default="all",
-        help="comma list (hf:eager, hf:grouped_mm, ..., liger, ours, ours:bmN: N rows per block)",
+        help="comma list (hf:eager, hf:grouped_mm, ..., liger, ours, ours:bmN: N rows per block, "
+        "ours:persistent: the rows kernel's persistent schedule)",
     )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
@@ -278,9 +279,17 @@ def forced_block_rows(block_m: int | None):
     return mock.patch.object(routing, "block_rows", lambda n_rows, n_experts: block_m)
 
 
-def ours_method(shape: str | None = None, block_m: int | None = None):
+def persistent_schedule(on: bool):
+    """The rows kernel's persistent schedule on (``ours:persistent``) for the calls inside."""
+    from liger_registry.kernels.moe import tuning
+
+    return mock.patch.object(tuning, "PERSISTENT", on) if on else contextlib.nullcontext()
+
+
+def ours_method(shape: str | None = None, block_m: int | None = None, persistent: bool = False):
     """experts_forward(module, hidden_states, top_k_index, top_k_weights[, gate=the family's gate]); ``block_m``
-    (method ``ours:bmN``): the routing's rows per block forced to N, to compare with the library's choice."""
+    (method ``ours:bmN``): the routing's rows per block forced to N, to compare with the library's choice;
+    ``persistent`` (``ours:persistent``): the rows kernel's persistent schedule (off by default until measured)."""
     from liger_registry.modules.moe import experts_forward
 
     spec = SHAPES[shape] if shape else {}
@@ -292,6 +301,9 @@ def ours_method(shape: str | None = None, block_m: int | None = None):
     def fn(module, x, idx, w):
         with forced_block_rows(block_m):
             return experts_forward(module, x, idx, w, **options).reshape(x.shape)
+
+    # the schedule holds for the whole step: the backward's launches run after fn returns
+    fn.context = lambda: persistent_schedule(persistent)
 
     return fn
 
@@ -344,6 +356,8 @@ def method_fns(module, shape: str, names: list[str]) -> dict:
                 out[name] = liger_method(module, shape)
             elif name == "ours":
                 out[name] = ours_method(shape)
+            elif name == "ours:persistent":
+                out[name] = ours_method(shape, persistent=True)
             elif name.startswith("ours:bm") and (n := name.removeprefix("ours:bm")).isdigit():
                 out[name] = ours_method(shape, block_m=int(n))
             else:
@@ -361,8 +375,10 @@ def leaves(module, inp: dict) -> list[torch.Tensor]:
 
 
 def step(fn, module, inp: dict) -> torch.Tensor:
-    out = fn(module, inp["x"], inp["idx"], inp["w"])
-    out.backward(inp["dy"])
+    """One forward and backward, under the method's ``context`` when it has one."""
+    with getattr(fn, "context", contextlib.nullcontext)():
+        out = fn(module, inp["x"], inp["idx"], inp["w"])
+        out.backward(inp["dy"])
     return out
 
 

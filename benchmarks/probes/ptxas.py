@@ -10,7 +10,7 @@ Integer arguments are compiled as the JIT specialises them on a GPU (strides and
 16-byte aligned). Needs the installed triton's ptxas (shipped with its CUDA backend).
 
 Usage (without TRITON_INTERPRET): python -m benchmarks.probes.ptxas [--arch 90] [--shape qwen3|gpt_oss] [--modes 0,1,2,3]
-    [--bm 128]
+    [--bm 128] [--persistent]
 """
 
 from __future__ import annotations
@@ -66,14 +66,16 @@ def candidates(mode: int, shape: dict, bm: int) -> list[tuning.TileConfig]:
     return tuning.rows_candidates(rows_shape)
 
 
-def compile_rows(mode: int, config: tuning.TileConfig, shape: dict, arch: int, copy: bool, bm: int = 128):
+def compile_rows(
+    mode: int, config: tuning.TileConfig, shape: dict, arch: int, copy: bool, bm: int = 128, persistent=False
+):
     """The compiled kernel for one mode and config (bf16 activations, gathered A rows in the GLU modes)."""
     fn = tk._rows_kernel
     names = fn.arg_names
     constexprs = dict(
         MODE=mode, HAS_IDX=mode in (tk.GLU_FWD, tk.GLU_BWD), HAS_BIAS=shape["bias"] and mode != tk.GLU_BWD,
         HAS_COPY=copy, ACT=ACT_CODES[shape["act"]], UP_OFF=1 if shape["step"] == 2 else 768, STEP=shape["step"],
-        SPLIT=False, PREC="tf32", BM=bm, **dict(config.meta),
+        SPLIT=False, PREC="tf32", BM=bm, PERSISTENT=persistent, **dict(config.meta),
     )  # fmt: skip
     sig = _signature(names, constexprs)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride") or n in ("N", "K")]
@@ -107,6 +109,7 @@ def main() -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3")
     p.add_argument("--modes", default="0,1,2,3")
     p.add_argument("--bm", type=int, default=128, help="rows per block (the routing table's: 64 or 128)")
+    p.add_argument("--persistent", action="store_true", help="the persistent schedule (tuning.PERSISTENT)")
     args = p.parse_args()
     if INTERPRET_AT_IMPORT:
         raise SystemExit("probe_ptxas: run without TRITON_INTERPRET (the kernels compile for the GPU target)")
@@ -118,7 +121,7 @@ def main() -> None:
         configs = candidates(mode, shape, args.bm)
         for copy in (False, True) if mode == tk.GLU_BWD else (False,):
             for c in configs:
-                kernel = compile_rows(mode, c, shape, args.arch, copy, args.bm)
+                kernel = compile_rows(mode, c, shape, args.arch, copy, args.bm, args.persistent)
                 ir = kernel.asm["ttgir"]
                 label = f"{MODES[mode]}{' +copy' if copy else ''}"
                 print(

@@ -469,6 +469,36 @@ def test_moe_block_rows_method_forces_the_routing_block_and_restores_it() -> Non
     assert callable(fns["ours:bm16"]) and "unknown method" in str(fns["ours:bmx"])
 
 
+def test_moe_persistent_method_holds_the_schedule_for_the_whole_step(monkeypatch) -> None:
+    """``ours:persistent`` turns the rows kernel's persistent schedule on for its forward and its backward (the
+    backward's launches run after the method returns), and off again after the step."""
+    import torch
+
+    from liger_registry.kernels.moe import tuning
+
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("fwd", tuning.PERSISTENT))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("bwd", tuning.PERSISTENT))
+            return g * 2
+
+    import liger_registry.modules.moe as moe_module
+
+    # ours' forward replaced by one that reports the schedule it runs under, forward and backward
+    monkeypatch.setattr(moe_module, "experts_forward", lambda module, x, idx, w, **kw: Probe.apply(x))
+    fn = bench_moe.method_fns(None, "qwen3_moe", ["ours:persistent"])["ours:persistent"]
+    x = torch.ones(2, 3, requires_grad=True)
+    bench_moe.step(fn, None, {"x": x, "idx": None, "w": None, "dy": torch.ones(2, 3)})
+    assert seen == [("fwd", True), ("bwd", True)] and tuning.PERSISTENT is False
+
+
 def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
     """moe --llama4 on tiny dims, fp32: both methods run, ours within fp32 rounding of transformers' block
     (output and every gradient)."""

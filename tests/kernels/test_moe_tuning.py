@@ -250,7 +250,7 @@ def _check_against_reference(act="swiglu", transposed=False, bias=True):
     out = moe_experts(x, idx, w, w_gu, w_d, b_gu, b_d, **kw)
     want = reference(x, idx, w, w_gu, w_d, b_gu, b_d, act, transposed)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    params = [x, w, w_gu, w_d, b_gu, b_d]
+    params = [p for p in (x, w, w_gu, w_d, b_gu, b_d) if p is not None]
     dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
     for a, b in zip(torch.autograd.grad(out, params, dy), torch.autograd.grad(want, params, dy), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -361,3 +361,29 @@ def test_a_known_bucket_launches_without_asking_for_candidates(cache_dir, monkey
     assert len(asked) == 2 and set(tuner.picks) == {"N=64,MODE=0", "N=128,MODE=0"}
     # each search tried both configs, then each launch ran its pick
     assert [kw["BN"] for _, kw in kernel.launches] == [16, 32, 16, 16, 16, 32, 16]
+
+
+@pytest.mark.parametrize(
+    ("act", "transposed", "bias"),
+    [("swiglu", False, True), ("clamped_swiglu", True, True), ("limited_swiglu", False, False)],
+)
+def test_the_persistent_schedule_matches_the_reference(monkeypatch, cache_dir, act, transposed, bias):
+    """``tuning.PERSISTENT``: 3 programs stride over every (row block, column block) tile, idle blocks included;
+    forward and every gradient as the per-token reference, and its picks kept under buckets of their own."""
+    monkeypatch.setenv("LIGER_REGISTRY_BACKEND", "triton")
+    monkeypatch.setattr(tuning, "PERSISTENT", True)
+    tuning.reset()
+    launched = []
+    real = tuning.Tuner.launch
+
+    def spy(self, grid, args, consts, sizes, candidates, device, restore=()):
+        if self.name == "moe_rows":
+            tiles = -(-sizes["N"] // 16) * 2  # at least: 74 routed rows make two 64-row blocks or more
+            launched.append((consts["PERSISTENT"], grid({"BN": 16})[0], tiles))
+        return real(self, grid, args, consts, sizes, candidates, device, restore)
+
+    monkeypatch.setattr(tuning.Tuner, "launch", spy)
+    _check_against_reference(act, transposed, bias)
+    assert len(launched) == 4 and all(p and programs == 3 < tiles for p, programs, tiles in launched)
+    assert all("PERSISTENT=1" in b for b in tuning.TUNERS["moe_rows"].picks)
+    tuning.reset()

@@ -123,12 +123,41 @@ def _rows_kernel(
     BLOCKS, n_blocks, N, K, limit, alpha,
     MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_COPY: tl.constexpr, ACT: tl.constexpr,
     UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _swizzle(tl.program_id(0), n_blocks, tl.cdiv(N, BN), GROUP_M)
-    e = tl.load(BLOCKS + pid_m)
-    if e < 0:
-        return
+    n_n = tl.cdiv(N, BN)
+    if PERSISTENT:  # a program per SM slot, striding over the (row block, column block) tiles
+        for tile in range(tl.program_id(0), n_blocks * n_n, tl.num_programs(0)):
+            pid_m, pid_n = _swizzle(tile, n_blocks, n_n, GROUP_M)
+            e = tl.load(BLOCKS + pid_m)
+            if e >= 0:
+                _rows_tile(A, stride_a, A_IDX, B, B2, stride_be, stride_bn, stride_bk, BIAS, stride_bias, C,
+                           stride_c, C2, stride_c2, DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
+                           BLOCKS, n_blocks, N, K, limit, alpha, pid_m, pid_n, e, MODE, HAS_IDX, HAS_BIAS,
+                           HAS_COPY, ACT, UP_OFF, STEP, SPLIT, PREC, BM, BN, BK)  # fmt: skip
+    else:
+        pid_m, pid_n = _swizzle(tl.program_id(0), n_blocks, n_n, GROUP_M)
+        e = tl.load(BLOCKS + pid_m)
+        if e >= 0:  # an idle block (past the routed rows) does nothing
+            _rows_tile(A, stride_a, A_IDX, B, B2, stride_be, stride_bn, stride_bk, BIAS, stride_bias, C,
+                       stride_c, C2, stride_c2, DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
+                       BLOCKS, n_blocks, N, K, limit, alpha, pid_m, pid_n, e, MODE, HAS_IDX, HAS_BIAS,
+                       HAS_COPY, ACT, UP_OFF, STEP, SPLIT, PREC, BM, BN, BK)  # fmt: skip
+
+
+@triton.jit
+def _rows_tile(
+    A, stride_a, A_IDX,
+    B, B2, stride_be, stride_bn, stride_bk,
+    BIAS, stride_bias,
+    C, stride_c, C2, stride_c2,
+    DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
+    BLOCKS, n_blocks, N, K, limit, alpha, pid_m, pid_n, e,
+    MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_COPY: tl.constexpr, ACT: tl.constexpr,
+    UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """One [BM, BN] tile of row block ``pid_m`` (expert ``e``), column block ``pid_n``."""
     start = tl.load(BLOCKS + n_blocks + pid_m)
     end = tl.load(BLOCKS + 2 * n_blocks + pid_m)
     rows = start + tl.arange(0, BM)
@@ -343,8 +372,12 @@ def rows_gemm(
     up_off, step = (1, 2) if act == "clamped_swiglu" else (n, 1)  # GPT-OSS's pairs interleave, as in glu
     dummy = out
 
+    persistent = tuning.PERSISTENT
+    slots = tuning.program_slots(a.device) if persistent else 0
+
     def grid(meta):
-        return (n_blocks * cdiv(n, meta["BN"]),)
+        tiles = n_blocks * cdiv(n, meta["BN"])
+        return (min(tiles, slots) if persistent else tiles,)
 
     args = (
         a, a.stride(0), a_idx if a_idx is not None else dummy,
@@ -360,7 +393,7 @@ def rows_gemm(
     consts = dict(
         MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, HAS_COPY=copy is not None,
         ACT=ACT_CODES[act], UP_OFF=up_off, STEP=step, SPLIT=w_up is not None, PREC=_precision(w),
-        BM=route.block_m,
+        BM=route.block_m, PERSISTENT=persistent,
     )  # fmt: skip
     rows, experts = _rows_bucket(route), _experts(route)
     sizes = dict(N=n, K=k, ROWS=rows, E=experts, dtype=_dtype(a), out=_dtype(out))

@@ -38,6 +38,27 @@ GLU_MODES = (GLU_FWD, GLU_BWD)
 MIN_BN = 16 if interpreting() else 64
 
 
+# The rows kernel's persistent schedule (a program per SM slot looping over the tiles), off until measured: the
+# bench's ``ours:persistent`` turns it on for an A/B; its picks are cached under buckets of their own.
+PERSISTENT = False
+PROGRAMS_PER_SM = 2
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def program_slots(device: torch.device) -> int:
+    """Programs of a persistent launch: ``PROGRAMS_PER_SM`` per SM (3 off the GPU: the interpreter's loop still
+    strides)."""
+    if device.type != "cuda":
+        return 3
+    return PROGRAMS_PER_SM * _sm_count(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     """A launch's tile sizes (``meta``: the kernel's block constexprs) and its warps and pipeline stages."""
