@@ -108,8 +108,9 @@ def _weights(shape: ExpertsShape, device, dtype) -> dict:
         gate_up_proj=param(e, h, gu_rows) if shape.transposed else param(e, gu_rows, h),
         down_proj=param(e, i, h) if shape.transposed else param(e, h, i),
     )
-    if shape.split:
+    if shape.split:  # DBRX: w1 and v1 [E, I, H]; w2 stored [E, I, H] and passed as its transposed view
         w["up_proj"] = param(e, i, h)
+        w["down_proj"] = param(e, i, h).transpose(1, 2)
     if shape.bias:
         w.update(gate_up_bias=param(e, 2 * i), down_bias=param(e, h))
     return w

@@ -371,6 +371,7 @@ def rows_gemm(
     n_blocks = route.blocks.shape[1]
     up_off, step = (1, 2) if act == "clamped_swiglu" else (n, 1)  # GPT-OSS's pairs interleave, as in glu
     dummy = out
+    strides = _nk_strides(w, out_first)
 
     persistent = tuning.PERSISTENT
     slots = tuning.program_slots(a.device) if persistent else 0
@@ -381,7 +382,7 @@ def rows_gemm(
 
     args = (
         a, a.stride(0), a_idx if a_idx is not None else dummy,
-        w, w_up if w_up is not None else w, *_nk_strides(w, out_first),
+        w, w_up if w_up is not None else w, *strides,
         bias if bias is not None else dummy, bias.stride(0) if bias is not None else 0,
         out, out.stride(0), out2 if out2 is not None else dummy, out2.stride(0) if out2 is not None else 0,
         route.dest, weights if weights is not None else dummy,
@@ -396,7 +397,10 @@ def rows_gemm(
         BM=route.block_m, PERSISTENT=persistent,
     )  # fmt: skip
     rows, experts = _rows_bucket(route), _experts(route)
-    sizes = dict(N=n, K=k, ROWS=rows, E=experts, dtype=_dtype(a), out=_dtype(out))
+    # the weight's layout: rows of k (a [n, k] matrix read along k) or of n; the same sizes tile differently
+    sizes = dict(
+        N=n, K=k, ROWS=rows, E=experts, dtype=_dtype(a), out=_dtype(out), W="nk" if strides[2] == 1 else "kn"
+    )
 
     def candidates():
         split = w_up is not None
@@ -442,7 +446,7 @@ def wgrad_gemm(
         HAS_DBIAS=dbias is not None, PREC=_precision(b),
     )  # fmt: skip
     rows, experts = _rows_bucket(route), _experts(route)
-    sizes = dict(M=m, N=n, ROWS=rows, E=experts, dtype=_dtype(b))
+    sizes = dict(M=m, N=n, ROWS=rows, E=experts, dtype=_dtype(b), out="mn" if s_n == 1 else "nm")
 
     def candidates():
         return tuning.wgrad_candidates(tuning.WgradShape(m, n, rows, experts, a.element_size()))
