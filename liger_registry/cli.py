@@ -181,9 +181,16 @@ def _tokens(text: str) -> list[int]:
     return [_positive(t) for t in text.split(",") if t.strip()] or [_positive(text)]
 
 
-def _tune_parser(sub) -> None:
-    from liger_registry.kernels.moe.pretune import PRESETS
+# the presets of kernels/moe/pretune.py, named here so that building the parser imports no torch
+TUNE_FAMILIES = {
+    "qwen3_moe": "Qwen3-30B-A3B",
+    "gpt_oss": "GPT-OSS-20B",
+    "mixtral": "Mixtral-8x7B",
+    "dbrx": "DBRX-132B",
+}
 
+
+def _tune_parser(sub) -> None:
     tune = sub.add_parser(
         "tune",
         help="run the kernels' tile searches for a model's shapes ahead of training, into the autotune cache",
@@ -194,8 +201,11 @@ def _tune_parser(sub) -> None:
     )
     tune.add_argument("op", choices=["moe"], help="the kernels to tune")
     which = tune.add_mutually_exclusive_group(required=True)
-    which.add_argument("--family", choices=sorted(PRESETS), help="a preset shape: " + ", ".join(
-        f"{k} ({v.label})" for k, v in PRESETS.items()))  # fmt: skip
+    which.add_argument(
+        "--family",
+        choices=sorted(TUNE_FAMILIES),
+        help="a preset shape: " + ", ".join(f"{k} ({v})" for k, v in TUNE_FAMILIES.items()),
+    )
     which.add_argument("--config", metavar="PATH", help="a model's config.json (or its directory)")
     tune.add_argument(
         "--tokens",
@@ -204,7 +214,12 @@ def _tune_parser(sub) -> None:
         metavar="N,N",
         help="tokens per experts call (micro-batch x sequence length; default 4096,16384)",
     )
-    tune.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    tune.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16"],
+        default="bfloat16",
+        help="the activations and weights (default bfloat16)",
+    )
 
 
 def _tune(args) -> int:

@@ -307,6 +307,12 @@ def test_tune_cli_runs_every_bucket_through_the_interpreter(capsys, cache_dir):
     assert "heuristic" in out and "STEP=2" in out
 
 
+def test_the_cli_names_every_preset():
+    from liger_registry import cli
+
+    assert cli.TUNE_FAMILIES == {name: shape.label for name, shape in pretune.PRESETS.items()}
+
+
 def test_tune_reads_a_model_config(tmp_path):
     config = {"model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768}
     (tmp_path / "config.json").write_text(
