@@ -320,12 +320,12 @@ def test_tune_reads_a_model_config(tmp_path):
     )
     shape = pretune.shape_from_config(tmp_path)
     assert (shape.experts, shape.top_k, shape.hidden, shape.inter, shape.act) == (128, 8, 2048, 768, "swiglu")
-    dbrx = {"model_type": "dbrx", "d_model": 6144, "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}}
-    (tmp_path / "dbrx.json").write_text(json.dumps({**dbrx, "ffn_config": {**dbrx["ffn_config"],
-                                                                           "ffn_hidden_size": 10752}}))  # fmt: skip
-    assert pretune.shape_from_config(tmp_path / "dbrx.json") == pretune.PRESETS["dbrx"].__class__(
-        "dbrx", 16, 4, 6144, 10752, split=True
+    ffn = {"moe_num_experts": 16, "moe_top_k": 4, "ffn_hidden_size": 10752}
+    (tmp_path / "dbrx.json").write_text(
+        json.dumps({"model_type": "dbrx", "d_model": 6144, "ffn_config": ffn})
     )
+    want = pretune.ExpertsShape("dbrx", 16, 4, 6144, 10752, split=True)
+    assert pretune.shape_from_config(tmp_path / "dbrx.json") == want
     (tmp_path / "dense.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
     assert cli_main(["tune", "moe", "--config", str(tmp_path / "dense.json")]) == 2
 
