@@ -149,6 +149,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tag", default="", help="result file bench_moe-<tag>_<device>_<date>.json (runs split over calls)"
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims, fp32, CPU, 1 iteration")
     harness.add_out_arg(p)
     args = p.parse_args(argv)
@@ -655,7 +658,8 @@ def main(argv=None) -> int:
     every = [f"hf:{n}" for n in hf_names] + ["liger", "ours"]
     names = every if args.methods == "all" else args.methods.split(",")
     names.sort(key=lambda n: REFERENCES.index(n) if n in REFERENCES else len(REFERENCES))  # reference first
-    results = harness.Results("moe", args.out, env=harness.capture_env(None if not args.cpu_smoke else "cpu"))
+    env = harness.capture_env(None if not args.cpu_smoke else "cpu")
+    results = harness.Results("moe", args.out, env=env, tag=args.tag)
     info = results.env
     title = (
         f"MoE experts fwd+bwd, {'fp32 CPU smoke' if args.cpu_smoke else 'bf16'}; {info.get('device', 'cpu')}, "
