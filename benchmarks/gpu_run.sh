@@ -22,8 +22,13 @@
 #                  STEP_ARGS (e.g. "--models llama3_2_1b,qwen3_1_7b --shapes 2x4096 --methods hf,liger,ours
 #                  --tag dense4k") when the whole table does not fit LIMIT_S; join the JSONs with step --merge
 #   ops            python -m benchmarks ops
-#   moe            MoE experts: the GPU tests of tests/kernels/test_moe.py, the probe benchmarks.probes.moe_kernels
-#                  (ours vs grouped_mm, numerics vs fp32) and python -m benchmarks moe (MOE_ARGS)
+#   moe            MoE experts, its four parts in turn (each also a part of its own name): moe-tests, the GPU tests
+#                  of tests/kernels/test_moe.py; moe-probe, benchmarks.probes.moe_kernels (ours vs grouped_mm,
+#                  numerics vs fp32); moe-tune, `liger-registry tune moe` twice in two processes (an empty tile
+#                  cache, then the one the first filled: $OUT/autotune, its JSON comes back); moe-bench,
+#                  python -m benchmarks moe (MOE_ARGS; default: the four shapes at 4096 and 16384 tokens against
+#                  hf:eager, hf:grouped_mm and liger, with ours' first call timed on an empty tile cache, and
+#                  ours:persistent, the rows kernel's persistent schedule, off by default until this A/B)
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
@@ -133,10 +138,18 @@ for p in ${*:-tests flce e2e}; do
     step) t=$(limit_of "${T_STEP:-600}")
           bench step "$t" 70 step --budget-s $(( t - 25 )) $STEP_ARGS ;;
     ops) bench ops "${T_OPS:-150}" 40 ops ;;
-    moe) # the GPU tests only: on the device the CPU ones would use up the part's time
-         part moe-tests "${T_MOE:-120}" 12 $PYTEST -m gpu tests/kernels/test_moe.py
-         probe moe-probe "${T_MOE_PROBE:-150}" 40 moe_kernels --tokens 4096,16384
-         bench moe-bench "${T_MOE_BENCH:-300}" 60 moe $MOE_ARGS ;;
+    moe|moe-tests) # the GPU tests only: on the device the CPU ones would use up the part's time
+         part moe-tests "${T_MOE:-240}" 12 $PYTEST -m gpu tests/kernels/test_moe.py ;;&
+    moe|moe-probe) probe moe-probe "${T_MOE_PROBE:-150}" 40 moe_kernels --tokens 4096,16384 ;;&
+    moe|moe-tune)
+         tune="python3 -m liger_registry.cli tune moe --family ${MOE_TUNE_FAMILY:-qwen3_moe} --tokens 4096,16384"
+         rm -rf "$OUT/autotune"  # the first process searches with an empty cache, the second reads it
+         LIGER_REGISTRY_CACHE_DIR=$OUT/autotune part moe-tune "${T_MOE_TUNE:-180}" 40 bash -c \
+           "for run in empty-cache filled-cache; do echo \"--- \$run\"; time $tune || exit 1; done" ;;&
+    moe|moe-bench)
+         bench moe-bench "${T_MOE_BENCH:-600}" 70 moe ${MOE_ARGS:---shapes qwen3_moe,gpt_oss,mixtral,dbrx \
+           --tokens 4096,16384 --methods hf:eager,hf:grouped_mm,liger,ours,ours:persistent} ;;&
+    moe|moe-tests|moe-probe|moe-tune|moe-bench) ;;
     distributed) bench distributed "${T_DIST:-300}" 30 distributed $DIST_ARGS ;;
     compile) t=$(limit_of "${T_COMPILE:-300}")
              bench compile "$t" 85 compile --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;

@@ -1,4 +1,4 @@
-"""The `liger-registry` command: lint, list, show, explain, schema, env, demo, scaffold, kernel-repo."""
+"""The `liger-registry` command: lint, list, show, explain, schema, env, demo, scaffold, tune, kernel-repo."""
 
 from __future__ import annotations
 
@@ -177,7 +177,84 @@ def _parser() -> argparse.ArgumentParser:
         "kernel-repo", help="write the kernels repository of our layers for transformers' KernelConfig"
     )
     repo.add_argument("directory", metavar="DIR", help="where to write it (created if needed)")
+    _tune_parser(sub)
     return parser
+
+
+def _tokens(text: str) -> list[int]:
+    return [_positive(t) for t in text.split(",") if t.strip()] or [_positive(text)]
+
+
+# the presets of kernels/moe/pretune.py, named here so that building the parser imports no torch
+TUNE_FAMILIES = {
+    "qwen3_moe": "Qwen3-30B-A3B",
+    "gpt_oss": "GPT-OSS-20B",
+    "mixtral": "Mixtral-8x7B",
+    "dbrx": "DBRX-132B",
+}
+
+
+def _tune_parser(sub) -> None:
+    tune = sub.add_parser(
+        "tune",
+        help="run the kernels' tile searches for a model's shapes ahead of training, into the autotune cache",
+        description="Search the tile configs of a model's MoE experts on this GPU and store them in the "
+        "autotune cache ($LIGER_REGISTRY_CACHE_DIR, default ~/.cache/liger_registry/autotune), so that "
+        "training's first step reads them instead of searching. LIGER_REGISTRY_AUTOTUNE_CACHE=0 turns the "
+        "cache off; LIGER_REGISTRY_AUTOTUNE=0 skips every search (the heuristic's first config).",
+    )
+    tune.add_argument("op", choices=["moe"], help="the kernels to tune")
+    which = tune.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--family",
+        choices=sorted(TUNE_FAMILIES),
+        help="a preset shape: " + ", ".join(f"{k} ({v})" for k, v in TUNE_FAMILIES.items()),
+    )
+    which.add_argument("--config", metavar="PATH", help="a model's config.json (or its directory)")
+    tune.add_argument(
+        "--tokens",
+        type=_tokens,
+        default=[4096, 16384],
+        metavar="N,N",
+        help="tokens per experts call (micro-batch x sequence length; default 4096,16384)",
+    )
+    tune.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16"],
+        default="bfloat16",
+        help="the activations and weights (default bfloat16)",
+    )
+
+
+def _tune(args) -> int:
+    import torch
+
+    from liger_registry.kernels.moe import pretune
+
+    try:
+        shape = pretune.PRESETS[args.family] if args.family else pretune.shape_from_config(args.config)
+        pretune.device_or_refusal()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(
+        f"{shape.label}: {shape.experts} experts, top-{shape.top_k}, hidden {shape.hidden}, intermediate "
+        f"{shape.inter}, {shape.act}"
+    )
+    rows = pretune.pretune(shape, args.tokens, getattr(torch, args.dtype))
+    cells = [
+        [
+            str(r["tokens"]),
+            r["kernel"],
+            r["source"],
+            f"{r['s']:.1f}" if "s" in r else "-",
+            r["config"],
+            r["bucket"],
+        ]
+        for r in rows
+    ]
+    print_table(["tokens", "kernel", "config from", "search s", "config", "bucket"], cells)
+    print(pretune.describe_cache())
+    return 0
 
 
 def _lint(args) -> int:
@@ -325,6 +402,7 @@ COMMANDS = {
     "demo": _demo,
     "scaffold": _scaffold,
     "kernel-repo": _kernel_repo,
+    "tune": _tune,
 }
 
 

@@ -13,7 +13,9 @@ from liger_registry.registry.loader import PATH_VARIABLE
 
 PACKAGES = ("liger-registry", "torch", "triton", "transformers", "pydantic", "pyyaml", "rich")
 OPTIONAL = ("peft", "trl", "accelerate", "datasets", "kernels")  # the integrations, reported when installed
-VARIABLES = (BACKEND_VARIABLE, PATH_VARIABLE, "TRITON_INTERPRET")
+# the MoE kernels' tile cache and search (kernels/moe/tune_cache.py, tuning.py)
+TUNING_VARIABLES = ("LIGER_REGISTRY_CACHE_DIR", "LIGER_REGISTRY_AUTOTUNE_CACHE", "LIGER_REGISTRY_AUTOTUNE")
+VARIABLES = (BACKEND_VARIABLE, PATH_VARIABLE, "TRITON_INTERPRET", *TUNING_VARIABLES)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 Answer recorded in docs/design/moe-experts.md.
 
 No GPU needed: the MoE rows kernel compiled ahead of time for a GPU target (sm_90 by
-default) in every mode x autotune config, with what ptxas reports: registers per thread, spill stores, shared
+default) in every mode x candidate tile config (kernels/moe/tuning.py), with what ptxas reports: registers per thread, spill stores, shared
 memory, and whether the K loop's loads are pipelined (async copies) and run on wgmma. A config that spills in the
 epilogue or leaves its loads unpipelined is one the autotuner should not need; this shows it on a CPU box.
 
@@ -10,7 +10,7 @@ Integer arguments are compiled as the JIT specialises them on a GPU (strides and
 16-byte aligned). Needs the installed triton's ptxas (shipped with its CUDA backend).
 
 Usage (without TRITON_INTERPRET): python -m benchmarks.probes.ptxas [--arch 90] [--shape qwen3|gpt_oss] [--modes 0,1,2,3]
-    [--bm 128]
+    [--bm 128] [--persistent]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from triton.compiler import ASTSource
 
 from liger_registry.kernels.glu.triton_kernels import _KINDS as ACT_CODES
 from liger_registry.kernels.moe import triton_kernels as tk
+from liger_registry.kernels.moe import tuning
 from liger_registry.kernels.triton_utils import INTERPRET_AT_IMPORT
 
 MODES = {
@@ -36,9 +37,9 @@ MODES = {
     tk.GLU_BWD: "GLU_BWD",
     tk.SCATTER: "SCATTER",
 }
-SHAPES = {  # the epilogue's options of each family's gate: act, interleaved pairs (STEP 2), biases
-    "qwen3": dict(act="swiglu", step=1, bias=False),
-    "gpt_oss": dict(act="clamped_swiglu", step=2, bias=True),
+SHAPES = {  # the epilogue's options of each family's gate: act, interleaved pairs (STEP 2), biases; its sizes
+    "qwen3": dict(act="swiglu", step=1, bias=False, hidden=2048, inter=768, experts=128, rows=32768),
+    "gpt_oss": dict(act="clamped_swiglu", step=2, bias=True, hidden=2880, inter=2880, experts=32, rows=16384),
 }
 POINTERS = {"A", "A_IDX", "B", "B2", "BIAS", "C", "C2", "DEST", "W", "AUX", "PART", "COPY", "BLOCKS"}
 INDEX_POINTERS = {"A_IDX", "DEST", "BLOCKS"}
@@ -56,14 +57,25 @@ def _signature(names: list[str], constexprs: dict) -> dict[str, str]:
     return {n: kind(n) for n in names}
 
 
-def compile_rows(mode: int, config: triton.Config, shape: dict, arch: int, copy: bool, bm: int = 128):
+def candidates(mode: int, shape: dict, bm: int) -> list[tuning.TileConfig]:
+    """The tile configs the tuner tries for this mode at this shape."""
+    glu = mode in (tk.GLU_FWD, tk.GLU_BWD)
+    n, k = (shape["inter"], shape["hidden"]) if glu else (shape["hidden"], shape["inter"])
+    k = 2 * k if mode == tk.SCATTER else k
+    rows_shape = tuning.RowsShape(mode, n, k, shape["rows"], shape["experts"], bm, shape["step"])
+    return tuning.rows_candidates(rows_shape)
+
+
+def compile_rows(
+    mode: int, config: tuning.TileConfig, shape: dict, arch: int, copy: bool, bm: int = 128, persistent=False
+):
     """The compiled kernel for one mode and config (bf16 activations, gathered A rows in the GLU modes)."""
-    fn = tk._rows_kernel.fn
+    fn = tk._rows_kernel
     names = fn.arg_names
     constexprs = dict(
         MODE=mode, HAS_IDX=mode in (tk.GLU_FWD, tk.GLU_BWD), HAS_BIAS=shape["bias"] and mode != tk.GLU_BWD,
         HAS_COPY=copy, ACT=ACT_CODES[shape["act"]], UP_OFF=1 if shape["step"] == 2 else 768, STEP=shape["step"],
-        SPLIT=False, PREC="tf32", BM=bm, **config.kwargs,
+        SPLIT=False, PREC="tf32", BM=bm, PERSISTENT=persistent, **dict(config.meta),
     )  # fmt: skip
     sig = _signature(names, constexprs)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride") or n in ("N", "K")]
@@ -97,6 +109,7 @@ def main() -> None:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3")
     p.add_argument("--modes", default="0,1,2,3")
     p.add_argument("--bm", type=int, default=128, help="rows per block (the routing table's: 64 or 128)")
+    p.add_argument("--persistent", action="store_true", help="the persistent schedule (tuning.PERSISTENT)")
     args = p.parse_args()
     if INTERPRET_AT_IMPORT:
         raise SystemExit("probe_ptxas: run without TRITON_INTERPRET (the kernels compile for the GPU target)")
@@ -105,14 +118,14 @@ def main() -> None:
         f"_rows_kernel for sm_{args.arch}, {args.shape} epilogue {shape}, BM {args.bm}, triton {triton.__version__}"
     )
     for mode in map(int, args.modes.split(",")):
-        configs = tk._prune_rows(tk._rows_configs(), {"MODE": mode})
+        configs = candidates(mode, shape, args.bm)
         for copy in (False, True) if mode == tk.GLU_BWD else (False,):
             for c in configs:
-                kernel = compile_rows(mode, c, shape, args.arch, copy, args.bm)
+                kernel = compile_rows(mode, c, shape, args.arch, copy, args.bm, args.persistent)
                 ir = kernel.asm["ttgir"]
                 label = f"{MODES[mode]}{' +copy' if copy else ''}"
                 print(
-                    f"  {label:17s} BN {c.kwargs['BN']:3d} BK {c.kwargs['BK']:3d} warps {c.num_warps} "
+                    f"  {label:17s} BN {c['BN']:3d} BK {c['BK']:3d} warps {c.num_warps} "
                     f"stages {c.num_stages}: {ptxas_report(kernel, args.arch)}  shared {kernel.metadata.shared:6d}"
                     f"  async copies {ir.count('async_copy_global_to_local')}  wgmma {ir.count('warp_group_dot ')}"
                 )

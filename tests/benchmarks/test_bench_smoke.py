@@ -419,35 +419,85 @@ def test_step_ours_tp_is_opt_in_and_reported_against_liger() -> None:
     assert head.split()[-1] == "ours_tp/liger" and line.split()[-1] == "1.160"
 
 
-def test_moe_cpu_smoke_serves_every_shape(tmp_path: Path) -> None:
+def test_moe_cpu_smoke_serves_every_shape(tmp_path: Path, capsys) -> None:
     """moe's CPU smoke: ours against transformers' eager experts at every shape (DBRX: its own loop and 2-D
-    per-expert weights), output and every gradient; the flat table of shape x tokens x method."""
+    per-expert weights), output and every gradient; the flat rows of shape x tokens x method; the table."""
+    from liger_registry.kernels.moe import tune_cache
+
+    cache_env = os.environ.get(tune_cache.CACHE_DIR_ENV)
     assert bench_moe.main(["--cpu-smoke", "--methods", "hf:eager,ours", "--out", str(tmp_path)]) == 0
+    assert os.environ.get(tune_cache.CACHE_DIR_ENV) == cache_env, "the bench's temporary cache dir is undone"
     data = _json(tmp_path, "bench_moe")
-    rows = data["rows"]
-    assert {r["shape"] for r in rows} == {"qwen3_moe", "mixtral", "gpt_oss", "dbrx"}
-    for row in rows:
-        ours = row["methods"]["ours"]
-        assert "error" not in ours, (row["shape"], ours.get("error"))
-        assert ours["max_rel_diff"] < 1e-5, (row["shape"], ours["rel_diff"])
-        assert "d_mlp.v1" in ours["rel_diff"] or row["shape"] != "dbrx"  # the separate up weight's gradient
-    table = {(e["shape"], e["method"]): e for e in data["table"]}
-    assert {m for _, m in table} == {"hf:eager", "ours", "dense"}
-    ours, dense = table[("qwen3_moe", "ours")], table[("qwen3_moe", "dense")]
-    assert ours["x_dense"] == pytest.approx(ours["ms"] / dense["ms"]) and ours["autotune_s"] > 0
+    cases = data["cases"]
+    assert {c["shape"] for c in cases} == {"qwen3_moe", "mixtral", "gpt_oss", "dbrx"}
+    for case in cases:
+        ours = case["methods"]["ours"]
+        assert "error" not in ours, (case["shape"], ours.get("error"))
+        assert ours["max_rel_diff"] < 1e-5, (case["shape"], ours["rel_diff"])
+        assert "d_mlp.v1" in ours["rel_diff"] or case["shape"] != "dbrx"  # the separate up weight's gradient
+    rows = {(r["shape"], r["method"]): r for r in data["rows"]}
+    assert len(data["rows"]) == 3 * len(cases) and {m for _, m in rows} == {"hf:eager", "ours", "dense"}
+    ours, dense, hf = (
+        rows[("qwen3_moe", "ours")],
+        rows[("qwen3_moe", "dense")],
+        rows[("qwen3_moe", "hf:eager")],
+    )
+    for row in (ours, dense, hf):
+        assert {"shape", "tokens", "method", "ms", "peak_mib", "x_dense"} <= set(row)
+    assert ours["x_dense"] == pytest.approx(ours["ms"] / dense["ms"])
+    assert dense["ours_over"] == pytest.approx(ours["ms"] / dense["ms"])
+    assert hf["ours_over"] == pytest.approx(ours["ms"] / hf["ms"]) and ours["ours_over"] == pytest.approx(1.0)
+    # CPU tensors run the PyTorch path: nothing to search, and the first calls are timed
+    assert ours["autotune_s"] == 0.0 and ours["first_call_s"] > 0 and ours["first_call_cached_s"] > 0
+    assert "autotune_s" not in hf
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("shape "))
+    assert "ours/this" in header and "tune s" in header and "1st cached s" in header
 
 
-def test_moe_autotune_picks_name_each_kernel_key_and_config(monkeypatch) -> None:
-    """bench_moe records the autotuners' choices per key (the key's names, not its trailing dtype strings)."""
-    from types import SimpleNamespace
+def test_moe_autotune_picks_name_each_kernel_bucket_and_config(monkeypatch) -> None:
+    """bench_moe records the tuners' picks per bucket."""
+    from liger_registry.kernels.moe import tuning
 
-    from liger_registry.kernels.moe import triton_kernels
+    cfg = tuning.TileConfig.of(8, 3, BN=64, BK=64, GROUP_M=8)
+    monkeypatch.setitem(tuning.TUNERS["moe_rows"].picks, "N=1536,MODE=0", cfg)
+    assert (
+        bench_moe.autotune_picks()["moe_rows(N=1536,MODE=0)"]
+        == "BK: 64, BN: 64, GROUP_M: 8, warps 8, stages 3"
+    )
 
-    moe = bench_moe
-    rows = SimpleNamespace(keys=["N", "MODE"], cache={(1536, 0, "torch.bfloat16"): "BN: 64, num_warps: 8"})
-    monkeypatch.setattr(triton_kernels, "_rows_kernel", rows)
-    monkeypatch.setattr(triton_kernels, "_wgrad_kernel", SimpleNamespace(keys=["M"], cache={}))
-    assert moe.autotune_picks() == {"_rows_kernel(N=1536, MODE=0)": "BN: 64, num_warps: 8"}
+
+def test_moe_first_call_of_ours_searches_with_an_empty_cache_then_reads_it(monkeypatch, tmp_path) -> None:
+    """Ours' first step: its searches' seconds with an empty cache (``autotune_s``), then the same step as a later
+    process makes it (the picks forgotten, the cache file kept: no search); the user's cache dir untouched."""
+    import torch
+
+    from liger_registry.kernels.moe import tune_cache, tuning
+
+    monkeypatch.setenv(tune_cache.CACHE_DIR_ENV, str(tmp_path / "user"))
+    monkeypatch.setattr(tuning, "time_ms", lambda fn, device: (fn(), 1.0)[1])
+    tuner = tuning.TUNERS["moe_rows"]
+    cands = [
+        tuning.TileConfig.of(4, 1, BN=16, BK=16, GROUP_M=4),
+        tuning.TileConfig.of(8, 1, BN=16, BK=16, GROUP_M=4),
+    ]
+    seen = []
+
+    def fn(module, x, idx, w):
+        tuner.pick("bench-test", cands, torch.device("cpu"), lambda cfg: None)
+        seen.append((len(tuner.searches), len(tuner.cached)))
+        return module(x)
+
+    module = torch.nn.Linear(2, 2)
+    inp = {
+        "x": torch.randn(3, 2, requires_grad=True),
+        "idx": None,
+        "w": torch.ones(1),
+        "dy": torch.ones(3, 2),
+    }
+    row, _ = bench_moe.check(fn, module, inp, None, cuda=False, ours=True)
+    tuning.reset()
+    assert seen == [(1, 0), (0, 1)] and row["autotune_s"] > 0 and row["first_call_cached_s"] > 0
+    assert not (tmp_path / "user").exists()
 
 
 def test_moe_block_rows_method_forces_the_routing_block_and_restores_it() -> None:
@@ -465,6 +515,36 @@ def test_moe_block_rows_method_forces_the_routing_block_and_restores_it() -> Non
     assert routing.route(idx, 4).block_m == chosen == routing.block_rows(128, 4)
     fns = moe.method_fns(None, "qwen3_moe", ["ours:bm16", "ours:bmx"])
     assert callable(fns["ours:bm16"]) and "unknown method" in str(fns["ours:bmx"])
+
+
+def test_moe_persistent_method_holds_the_schedule_for_the_whole_step(monkeypatch) -> None:
+    """``ours:persistent`` turns the rows kernel's persistent schedule on for its forward and its backward (the
+    backward's launches run after the method returns), and off again after the step."""
+    import torch
+
+    from liger_registry.kernels.moe import tuning
+
+    seen = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("fwd", tuning.PERSISTENT))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(("bwd", tuning.PERSISTENT))
+            return g * 2
+
+    import liger_registry.modules.moe as moe_module
+
+    # ours' forward replaced by one that reports the schedule it runs under, forward and backward
+    monkeypatch.setattr(moe_module, "experts_forward", lambda module, x, idx, w, **kw: Probe.apply(x))
+    fn = bench_moe.method_fns(None, "qwen3_moe", ["ours:persistent"])["ours:persistent"]
+    x = torch.ones(2, 3, requires_grad=True)
+    bench_moe.step(fn, None, {"x": x, "idx": None, "w": None, "dy": torch.ones(2, 3)})
+    assert seen == [("fwd", True), ("bwd", True)] and tuning.PERSISTENT is False
 
 
 def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from liger_registry.kernels.jsd.reference import jsd_rows_differentiable
 from liger_registry.kernels.loss_grads import _scale_unless_one_kernel, scale_unless_one_
 from liger_registry.kernels.moe import op as moe_ops
 from liger_registry.kernels.moe import triton_kernels as moe_kernels
+from liger_registry.kernels.moe import tuning as moe_tuning
 from liger_registry.kernels.moe.routing import route as moe_route
 from liger_registry.kernels.norm import reference as norm_math
 from liger_registry.kernels.norm import triton_kernels as norm_kernels
@@ -48,6 +49,7 @@ __all__ = [
     "jsd_rows_differentiable",
     "moe_kernels",
     "moe_ops",
+    "moe_tuning",
     "moe_route",
     "norm_kernels",
     "norm_math",

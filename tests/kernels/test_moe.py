@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cases import gpu, moe_kernels, moe_ops
+from cases import gpu, moe_kernels, moe_ops, moe_tuning
 from cases import moe_route as route
 
 from liger_registry import kernels as K
@@ -274,10 +274,29 @@ def test_bad_separate_up_weights_are_refused(act, up, message):
 @pytest.mark.parametrize(
     "inter", [INTER, 333]
 )  # 333: several column blocks for every tile the autotuner tries
-def test_gpu_bf16_is_as_close_to_fp32_as_the_pytorch_path(act, transposed, bias, split, inter, monkeypatch):
-    """bf16 on CUDA, the first call of a shape (the autotuner's trials included): the Triton kernels' output and
-    gradients against fp32, within 2x (+ bf16 eps) of the error the PyTorch path (transformers' op order) makes
-    in bf16."""
+def test_gpu_bf16_is_as_close_to_fp32_as_the_pytorch_path(
+    act, transposed, bias, split, inter, monkeypatch, tmp_path
+):
+    """bf16 on CUDA, the first call of a shape (the tile search's trials included: an empty cache): the Triton
+    kernels' output and gradients against fp32, within 2x (+ bf16 eps) of the error the PyTorch path
+    (transformers' op order) makes in bf16."""
+    _bf16_against_fp32(act, transposed, bias, split, inter, monkeypatch, tmp_path)
+
+
+@gpu
+@pytest.mark.parametrize(("act", "transposed", "bias", "split"), [("swiglu", False, False, True),
+                                                                  ("clamped_swiglu", True, True, False)])  # fmt: skip
+def test_gpu_bf16_persistent_schedule_is_as_close_to_fp32(
+    act, transposed, bias, split, monkeypatch, tmp_path
+):
+    """The rows kernel's persistent schedule (``tuning.PERSISTENT``, off by default) on CUDA, as above."""
+    monkeypatch.setattr(moe_tuning, "PERSISTENT", True)
+    _bf16_against_fp32(act, transposed, bias, split, 333, monkeypatch, tmp_path)
+
+
+def _bf16_against_fp32(act, transposed, bias, split, inter, monkeypatch, tmp_path):
+    monkeypatch.setenv(moe_tuning.tune_cache.CACHE_DIR_ENV, str(tmp_path))
+    moe_tuning.reset()
     fp32 = [t.detach().cuda() if t is not None else None for t in _inputs(act, transposed, bias, inter=inter)]
     kw = dict(act=act, limit=LIMIT, alpha=ALPHA, transposed=transposed)
 

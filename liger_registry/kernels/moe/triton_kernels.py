@@ -31,15 +31,20 @@ routing weight's product in the promoted dtype.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import triton
 import triton.language as tl
 
+from ..glu import triton_kernels as glu_triton
 from ..glu.triton_kernels import _KINDS as ACT_CODES
 from ..glu.triton_kernels import _act_and_grad, _round
-from ..triton_utils import cdiv, interpreting
+from ..triton_utils import cdiv
+from . import tuning
 
-GLU_FWD, SCATTER_WEIGHTED, GLU_BWD, SCATTER = 0, 1, 2, 3
+GLU_FWD, SCATTER_WEIGHTED, GLU_BWD, SCATTER = (tuning.GLU_FWD, tuning.SCATTER_WEIGHTED, tuning.GLU_BWD,
+                                             tuning.SCATTER)  # fmt: skip
 
 
 @triton.jit
@@ -83,28 +88,6 @@ def _store_pair(
         tl.store(row_ptr + cols[None, :] + UP_OFF, u, mask=mask)
 
 
-def _rows_configs():
-    if interpreting():
-        return [triton.Config({"BN": 16, "BK": 16, "GROUP_M": 4}, num_warps=4, num_stages=1)]
-    # the 8-warp 64-column blocks: the GLU epilogues (two [BM, BN] accumulators or saved gate/up tiles) fit their
-    # registers, where the wider or 4-warp blocks spill (ptxas, sm_90)
-    shapes = (
-        (128, 64, 8, 3), (128, 64, 4, 4), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 8, 3),
-        (64, 64, 8, 3), (64, 64, 8, 4), (64, 128, 8, 3),
-    )  # fmt: skip
-    return [
-        triton.Config({"BN": bn, "BK": bk, "GROUP_M": 8}, num_warps=w, num_stages=st)
-        for bn, bk, w, st in shapes
-    ]
-
-
-def _prune_rows(configs, named_args, **kwargs):
-    """The GLU modes hold two [BM, BN] accumulators: at most 128 columns per half."""
-    if kwargs.get("MODE", named_args.get("MODE")) in (GLU_FWD, GLU_BWD):
-        return [c for c in configs if c.kwargs["BN"] <= 128]
-    return configs
-
-
 @triton.jit
 def _k_loop(
     acc, A, arow, stride_a, a_col0, rmask, b_base, stride_bn, stride_bk, bcols, bcmask, K,
@@ -130,15 +113,6 @@ def _k_loop(
     return acc
 
 
-@triton.autotune(
-    _rows_configs(),
-    # ROWS: the routed rows' power-of-two bucket, so 4k- and 16k-token steps keep picks of their own
-    key=["N", "K", "ROWS", "MODE", "BM", "STEP", "SPLIT", "HAS_COPY"],
-    prune_configs_by={"early_config_prune": _prune_rows},
-    # the routing weight's partials: one row per column block, and the block differs per config; each trial
-    # starts from the zeros the launcher gives, so rows a wider block leaves unwritten stay zero
-    restore_value=["PART"],
-)
 @triton.jit
 def _rows_kernel(
     A, stride_a, A_IDX,
@@ -146,15 +120,44 @@ def _rows_kernel(
     BIAS, stride_bias,
     C, stride_c, C2, stride_c2,
     DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
-    BLOCKS, n_blocks, N, K, ROWS, limit, alpha,
+    BLOCKS, n_blocks, N, K, limit, alpha,
     MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_COPY: tl.constexpr, ACT: tl.constexpr,
     UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr,
 ):  # fmt: skip
-    pid_m, pid_n = _swizzle(tl.program_id(0), n_blocks, tl.cdiv(N, BN), GROUP_M)
-    e = tl.load(BLOCKS + pid_m)
-    if e < 0:
-        return
+    n_n = tl.cdiv(N, BN)
+    if PERSISTENT:  # a program per SM slot, striding over the (row block, column block) tiles
+        for tile in range(tl.program_id(0), n_blocks * n_n, tl.num_programs(0)):
+            pid_m, pid_n = _swizzle(tile, n_blocks, n_n, GROUP_M)
+            e = tl.load(BLOCKS + pid_m)
+            if e >= 0:
+                _rows_tile(A, stride_a, A_IDX, B, B2, stride_be, stride_bn, stride_bk, BIAS, stride_bias, C,
+                           stride_c, C2, stride_c2, DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
+                           BLOCKS, n_blocks, N, K, limit, alpha, pid_m, pid_n, e, MODE, HAS_IDX, HAS_BIAS,
+                           HAS_COPY, ACT, UP_OFF, STEP, SPLIT, PREC, BM, BN, BK)  # fmt: skip
+    else:
+        pid_m, pid_n = _swizzle(tl.program_id(0), n_blocks, n_n, GROUP_M)
+        e = tl.load(BLOCKS + pid_m)
+        if e >= 0:  # an idle block (past the routed rows) does nothing
+            _rows_tile(A, stride_a, A_IDX, B, B2, stride_be, stride_bn, stride_bk, BIAS, stride_bias, C,
+                       stride_c, C2, stride_c2, DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
+                       BLOCKS, n_blocks, N, K, limit, alpha, pid_m, pid_n, e, MODE, HAS_IDX, HAS_BIAS,
+                       HAS_COPY, ACT, UP_OFF, STEP, SPLIT, PREC, BM, BN, BK)  # fmt: skip
+
+
+@triton.jit
+def _rows_tile(
+    A, stride_a, A_IDX,
+    B, B2, stride_be, stride_bn, stride_bk,
+    BIAS, stride_bias,
+    C, stride_c, C2, stride_c2,
+    DEST, W, AUX, stride_aux, PART, stride_part, COPY, stride_copy,
+    BLOCKS, n_blocks, N, K, limit, alpha, pid_m, pid_n, e,
+    MODE: tl.constexpr, HAS_IDX: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_COPY: tl.constexpr, ACT: tl.constexpr,
+    UP_OFF: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr,
+):  # fmt: skip
+    """One [BM, BN] tile of row block ``pid_m`` (expert ``e``), column block ``pid_n``."""
     start = tl.load(BLOCKS + n_blocks + pid_m)
     end = tl.load(BLOCKS + 2 * n_blocks + pid_m)
     rows = start + tl.arange(0, BM)
@@ -249,25 +252,11 @@ def _rows_kernel(
         tl.store(C + dest[:, None] * stride_c + cols[None, :], acc.to(DT), mask=mask)
 
 
-def _wgrad_configs():
-    if interpreting():
-        return [triton.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=4, num_stages=1)]
-    shapes = (
-        (128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
-        (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-    )  # fmt: skip
-    return [
-        triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=st)
-        for bm, bn, bk, w, st in shapes
-    ]
-
-
-@triton.autotune(_wgrad_configs(), key=["M", "N", "ROWS", "HAS_A_IDX", "HAS_SCALE", "HAS_B_IDX", "HAS_DBIAS"])
 @triton.jit
 def _wgrad_kernel(
     A, stride_a, A_IDX, W, B, stride_b, B_IDX,
     OUT, stride_oe, stride_om, stride_on, DBIAS, stride_dbias,
-    OFFSETS, M, N, ROWS,
+    OFFSETS, M, N,
     HAS_A_IDX: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_B_IDX: tl.constexpr, HAS_DBIAS: tl.constexpr,
     PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
@@ -307,12 +296,16 @@ def _wgrad_kernel(
 
 
 # ---------------------------------------------------------------- launchers
-MIN_BN = 16 if interpreting() else 64  # the narrowest column block of a rows launch
+MIN_BN = tuning.MIN_BN  # the narrowest column block of a rows launch
+# the cache files are named by a hash of these kernels' text and the activations' they inline
+_SOURCES = (Path(__file__), Path(glu_triton.__file__))
+ROWS_TUNER = tuning.tuner("moe_rows", _rows_kernel, _SOURCES)
+WGRAD_TUNER = tuning.tuner("moe_wgrad", _wgrad_kernel, _SOURCES)
 
 
 def col_blocks(n: int) -> int:
     """An upper bound of the column blocks of a rows launch over ``n`` columns (the routing weight's partials
-    have one row per block; the autotuner picks the block)."""
+    have one row per block; the tuner picks the block)."""
     return cdiv(n, MIN_BN)
 
 
@@ -322,9 +315,18 @@ def _precision(t: torch.Tensor) -> str:
 
 
 def _rows_bucket(route) -> int:
-    """The autotune key's row count: the routed rows rounded up to a power of two (a step's exact count varies
-    with nothing but the batch, and one retune per bucket is enough)."""
-    return triton.next_power_of_2(route.dest.numel())
+    """The shape bucket's row count: the routed rows rounded up to a power of two (a step's exact count varies
+    with nothing but the batch, and one search per bucket is enough)."""
+    # triton.next_power_of_2 is a constexpr function in Triton 3.9: ~7 us per host call
+    return 1 << max(route.dest.numel() - 1, 0).bit_length()
+
+
+def _experts(route) -> int:
+    return route.offsets.shape[0] - 1
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _nk_strides(w: torch.Tensor, out_first: bool) -> tuple[int, int, int]:
@@ -353,11 +355,12 @@ def rows_gemm(
     act: str = "swiglu",
     limit: float = 0.0,
     alpha: float = 0.0,
-) -> None:
+) -> tuning.TileConfig:
     """One ``_rows_kernel`` launch over every expert (see the module docstring for the modes). ``w``: the stacked
     weight, ``out_first``: whether its per-expert matrix is [n, k] (else [k, n]); ``n``: output columns (the
     intermediate size for the GLU modes). ``w_up``: the up weight when ``w`` holds only the gate's (same shape and
-    strides; GLU_FWD and SCATTER). ``copy`` [rows, k] (GLU_BWD): receives ``a[a_idx] * weights``."""
+    strides; GLU_FWD and SCATTER). ``copy`` [rows, k] (GLU_BWD): receives ``a[a_idx] * weights``. Returns the
+    tile config it ran."""
     if copy is not None and mode != GLU_BWD:
         raise ValueError("rows_gemm: copy is written by the GLU_BWD mode only")
     if w_up is not None and w_up.stride() != w.stride():
@@ -368,24 +371,47 @@ def rows_gemm(
     n_blocks = route.blocks.shape[1]
     up_off, step = (1, 2) if act == "clamped_swiglu" else (n, 1)  # GPT-OSS's pairs interleave, as in glu
     dummy = out
+    strides = _nk_strides(w, out_first)
+
+    persistent = tuning.PERSISTENT
+    slots = tuning.program_slots(a.device) if persistent else 0
 
     def grid(meta):
-        return (n_blocks * cdiv(n, meta["BN"]),)
+        tiles = n_blocks * cdiv(n, meta["BN"])
+        return (min(tiles, slots) if persistent else tiles,)
 
-    _rows_kernel[grid](
+    args = (
         a, a.stride(0), a_idx if a_idx is not None else dummy,
-        w, w_up if w_up is not None else w, *_nk_strides(w, out_first),
+        w, w_up if w_up is not None else w, *strides,
         bias if bias is not None else dummy, bias.stride(0) if bias is not None else 0,
         out, out.stride(0), out2 if out2 is not None else dummy, out2.stride(0) if out2 is not None else 0,
         route.dest, weights if weights is not None else dummy,
         aux if aux is not None else dummy, aux.stride(0) if aux is not None else 0,
         part if part is not None else dummy, part.stride(0) if part is not None else 0,
         copy if copy is not None else dummy, copy.stride(0) if copy is not None else 0,
-        route.blocks, n_blocks, n, k, _rows_bucket(route), float(limit), float(alpha),
-        MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, HAS_COPY=copy is not None,
-        ACT=ACT_CODES[act],
-        UP_OFF=up_off, STEP=step, SPLIT=w_up is not None, PREC=_precision(w), BM=route.block_m,
+        route.blocks, n_blocks, n, k, float(limit), float(alpha),
     )  # fmt: skip
+    consts = dict(
+        MODE=mode, HAS_IDX=a_idx is not None, HAS_BIAS=bias is not None, HAS_COPY=copy is not None,
+        ACT=ACT_CODES[act], UP_OFF=up_off, STEP=step, SPLIT=w_up is not None, PREC=_precision(w),
+        BM=route.block_m, PERSISTENT=persistent,
+    )  # fmt: skip
+    rows, experts = _rows_bucket(route), _experts(route)
+    # the weight's layout: rows of k (a [n, k] matrix read along k) or of n; the same sizes tile differently
+    sizes = dict(
+        N=n, K=k, ROWS=rows, E=experts, dtype=_dtype(a), out=_dtype(out), W="nk" if strides[2] == 1 else "kn"
+    )
+
+    def candidates():
+        split = w_up is not None
+        return tuning.rows_candidates(
+            tuning.RowsShape(mode, n, k, rows, experts, route.block_m, step, split, a.element_size())
+        )
+
+    # the routing weight's partials: one row per column block, and the block differs per config; every trial
+    # starts from the zeros the caller gave, so rows a wider block leaves unwritten stay zero
+    restore = [part] if part is not None else []
+    return ROWS_TUNER.launch(grid, args, consts, sizes, candidates, a.device, restore)
 
 
 def wgrad_gemm(
@@ -399,7 +425,7 @@ def wgrad_gemm(
     out_first: bool,
     scale: torch.Tensor | None = None,
     dbias: torch.Tensor | None = None,
-) -> None:
+) -> tuning.TileConfig:
     """``out[e] = A_e^T @ B_e`` over each expert's rows (``A``: [rows, m], ``B``: [rows, n]), written into the
     stacked weight gradient ``out`` whose per-expert matrix is [m, n] when ``out_first`` (else [n, m]); ``scale``
     multiplies A's rows; ``dbias`` [E, m] receives the sum of A's rows."""
@@ -409,11 +435,20 @@ def wgrad_gemm(
     def grid(meta):
         return (cdiv(m, meta["BM"]) * cdiv(n, meta["BN"]), out.shape[0])
 
-    _wgrad_kernel[grid](
+    args = (
         a, a.stride(0), a_idx if a_idx is not None else out, scale if scale is not None else out,
         b, b.stride(0), b_idx if b_idx is not None else out,
         out, se, s_m, s_n, dbias if dbias is not None else out, dbias.stride(0) if dbias is not None else 0,
-        route.offsets, m, n, _rows_bucket(route),
+        route.offsets, m, n,
+    )  # fmt: skip
+    consts = dict(
         HAS_A_IDX=a_idx is not None, HAS_SCALE=scale is not None, HAS_B_IDX=b_idx is not None,
         HAS_DBIAS=dbias is not None, PREC=_precision(b),
     )  # fmt: skip
+    rows, experts = _rows_bucket(route), _experts(route)
+    sizes = dict(M=m, N=n, ROWS=rows, E=experts, dtype=_dtype(b), out="mn" if s_n == 1 else "nm")
+
+    def candidates():
+        return tuning.wgrad_candidates(tuning.WgradShape(m, n, rows, experts, a.element_size()))
+
+    return WGRAD_TUNER.launch(grid, args, consts, sizes, candidates, a.device)
