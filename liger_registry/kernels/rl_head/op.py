@@ -161,11 +161,10 @@ def _rl_head_bwd_impl(
                 _addmm_fp32(dw[v0:v1], tile.t(), h)
             if db is not None:
                 db[v0:v1] += tile.sum(0, dtype=torch.float32)
-    empty = hidden.new_empty(0)
-    return (
-        empty if dh is None else dh.to(hidden.dtype),
-        empty if dw is None else dw.to(weight.dtype),
-        empty if db is None else db.to(bias.dtype),
+    return (  # each absent gradient an empty tensor of its own: a custom op's outputs may not alias
+        hidden.new_empty(0) if dh is None else dh.to(hidden.dtype),
+        hidden.new_empty(0) if dw is None else dw.to(weight.dtype),
+        hidden.new_empty(0) if db is None else db.to(bias.dtype),
     )
 
 

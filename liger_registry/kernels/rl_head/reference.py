@@ -6,7 +6,8 @@ one tile, and the plain full-logits reference.
 * ``fold_tile_torch``: the contract of the Triton fold kernel: running max, sum of exp, sum of exp * z, sum of
   exp^2, sum of z, the first argmax and the target's logit, updated in place with one tile of columns.
 * ``grad_tile_torch``: the contract of the Triton gradient kernel: the tile becomes d loss / d raw logits.
-* ``rl_head_reference``: every statistic from full fp32 logits under autograd (the tests' reference).
+* ``rl_head_reference`` / ``logit_stats``: every statistic from full fp32 logits under autograd (the tests'
+  reference).
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ def rl_head_reference(hidden, weight, target, bias=None, *, temperature=1.0, sof
     z = x * logit_scale
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
-    z = z / temperature
+    return logit_stats(z / temperature, target)
+
+
+def logit_stats(z: torch.Tensor, target: torch.Tensor):
+    """Every output from transformed logits ``z`` [N, V] (fp32 math; log_probs and entropy differentiable)."""
+    z = z.float()
     logp = torch.log_softmax(z, -1)
     p = logp.exp()
     lp = logp.gather(-1, target[:, None])[:, 0]

@@ -71,12 +71,11 @@ def new_state(n: int, device) -> RowState:
 
 def finish(state: RowState, target: torch.Tensor, vocab: int, flags: Flags):
     """``(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1, log_z)``; an output not asked for is an
-    empty tensor."""
+    empty tensor of its own (a custom op's outputs may not alias each other)."""
     log_d = torch.log(state.d)
     log_z = state.m + log_d
-    empty = state.m.new_empty(0)
-    entropy = log_z - state.xs / state.d if flags.entropy else empty
-    log_sum_sq = torch.log(state.sq) - 2 * log_d if flags.log_sum_sq_probs else empty
-    mean = state.zs / vocab if flags.mean_logits else empty
+    entropy = log_z - state.xs / state.d if flags.entropy else state.m.new_empty(0)
+    log_sum_sq = torch.log(state.sq) - 2 * log_d if flags.log_sum_sq_probs else state.m.new_empty(0)
+    mean = state.zs / vocab if flags.mean_logits else state.m.new_empty(0)
     top1 = state.arg == target if flags.is_top1 else torch.empty(0, dtype=torch.bool, device=state.m.device)
     return state.zt - log_z, entropy, log_sum_sq, mean, top1, log_z
