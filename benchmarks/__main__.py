@@ -22,13 +22,13 @@ BENCHES = {
     "e2e": ("benchmarks.e2e", "training steps of 2-4 layer cuts, one process per configuration"),
     "step": ("benchmarks.step", "training steps of real configurations at realistic depth, loss check, MFU"),
     "distributed": ("benchmarks.distributed", "FSDP2 / DDP training steps under torchrun, patched and not"),
-    "rl_head": (
-        "benchmarks.rl_head",
-        "per-token log-probs + entropy of the head at GRPO shapes: ours, TRL's fused head, liger, full logits",
-    ),
     "compile": (
         "benchmarks.compile",
         "every family's tiny model under torch.compile (inductor) against eager",
+    ),
+    "rl_head": (
+        "benchmarks.rl_head",
+        "per-token log-probs + entropy of the head at GRPO shapes: ours, TRL's fused head, liger, full logits",
     ),
 }
 

@@ -21,6 +21,9 @@
 #   ops            python -m benchmarks ops
 #   moe            MoE experts: the GPU tests of tests/kernels/test_moe.py, the probe benchmarks.probes.moe_kernels
 #                  (ours vs grouped_mm, numerics vs fp32) and python -m benchmarks moe (MOE_ARGS)
+#   rl-head        the bf16 GPU test of the RL head (tests/kernels/test_rl_head.py -m gpu) and python -m benchmarks
+#                  rl_head (per-token log-probs + entropy at GRPO shapes against TRL's head, liger and full logits;
+#                  RL_HEAD_ARGS); ~90 s on an H100
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
@@ -33,7 +36,8 @@
 # Time: LIMIT_S is the whole call's limit in seconds (unset: none); a part's own limit T_<PART> (defaults below) is
 # cut to what is left of LIMIT_S, so the log is complete when the caller's limit comes.
 # TF_WHEELS=DIR (carried, e.g. .whl_tf525 from `pip download transformers==X`): that transformers instead of the
-# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS, PROBE_ARGS.
+# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS, PROBE_ARGS,
+# RL_HEAD_ARGS.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
@@ -115,6 +119,8 @@ for p in ${*:-tests flce e2e}; do
          part moe-tests "${T_MOE:-120}" 12 $PYTEST -m gpu tests/kernels/test_moe.py
          probe moe-probe "${T_MOE_PROBE:-150}" 40 moe_kernels --tokens 4096,16384
          bench moe-bench "${T_MOE_BENCH:-300}" 60 moe $MOE_ARGS ;;
+    rl-head) part rl-head-tests "${T_RL_HEAD_TESTS:-90}" 12 $PYTEST -m gpu tests/kernels/test_rl_head.py
+             bench rl-head "${T_RL_HEAD:-150}" 40 rl_head $RL_HEAD_ARGS ;;
     distributed) bench distributed "${T_DIST:-300}" 30 distributed $DIST_ARGS ;;
     compile) t=$(limit_of "${T_COMPILE:-300}")
              bench compile "$t" 85 compile --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;
