@@ -157,6 +157,23 @@ def test_bad_arguments_are_clear_errors():
         fused_linear_logprobs(h, w, t.float())
 
 
+def test_compiles_without_graph_break(rl_backend):
+    """One custom op in the graph (fullgraph): the compiled outputs and gradients are the eager ones."""
+    h, w, b, t = _inputs()
+
+    def run(h, w, b, t):
+        out = fused_linear_logprobs(h, w, t, b, outputs=OUTPUTS, max_tile_mib=TINY_TILE, softcap=3.0)
+        return _loss(out.log_probs, out.entropy), out.is_top1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="aot_eager")
+    (loss, top1), (want, want_top1) = compiled(h, w, b, t), run(h, w, b, t)
+    assert rel_err(loss, want) <= 1e-6 and torch.equal(top1, want_top1)
+    got = torch.autograd.grad(loss, [h, w, b])
+    for a, r in zip(got, torch.autograd.grad(want, [h, w, b]), strict=True):
+        assert rel_err(a, r) <= 1e-6
+
+
 # ---------------------------------------------------------------- against TRL's fused head
 def _trl_head(h, w, b, t, kw, outputs, chunk):
     from trl.kernels.chunked_logprob import ChunkedLogProbFunction
