@@ -148,6 +148,22 @@ def agreement(x, w, t, temperature) -> dict[str, float]:
     return {"log_probs": rel(ours.log_probs, lp), "entropy": rel(ours.entropy, ent)}
 
 
+def without_frames(fn):
+    """``fn`` whose out-of-memory error is raised afresh after the original is gone: the original's traceback
+    holds the failed call's frames, whose tensors (materialised logits) would stay allocated for the other rows."""
+
+    def call():
+        message = None
+        try:
+            fn()
+        except torch.OutOfMemoryError as exc:
+            message = str(exc)
+        if message is not None:
+            raise torch.OutOfMemoryError(message)
+
+    return call
+
+
 def run_group(shape, h, v, n, args, methods, problems, device, dtype) -> list[dict]:
     x, w, t, a, b = inputs(h, v, n, device, dtype)
     grads = (x, w)
@@ -160,7 +176,7 @@ def run_group(shape, h, v, n, args, methods, problems, device, dtype) -> list[di
             row.update(ok=False, error=why)
             continue
         loss = method_loss(name)
-        fns[name] = lambda loss=loss: loss(x, w, t, a, b, args.temperature).backward()
+        fns[name] = without_frames(lambda loss=loss: loss(x, w, t, a, b, args.temperature).backward())
     errors: dict[str, BaseException] = {}
     timings = harness.measure(
         fns,

@@ -36,3 +36,22 @@ def test_unknown_method_is_refused(capsys) -> None:
 def test_every_row_name_has_a_loss() -> None:
     for name in bench.METHODS:
         assert callable(bench.method_loss(name))
+
+
+def test_an_out_of_memory_row_leaves_no_frames_behind() -> None:
+    import gc
+    import weakref
+
+    import torch
+
+    held = []
+
+    def fails():
+        big = torch.empty(8)
+        held.append(weakref.ref(big))
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        bench.without_frames(fails)()
+    gc.collect()
+    assert held[0]() is None and caught.value.__context__ is None  # the failed call's tensors are freed
