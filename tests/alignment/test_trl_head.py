@@ -94,6 +94,26 @@ def test_shift_labels_num_items_and_outputs_not_asked_for():
     assert ours.entropy is None and ours.is_top1 is None and ours.mean_logits is None
 
 
+def test_a_peft_lora_head_gets_its_adapter_in_the_fused_head():
+    """LoRA on lm_head (and q_proj), the head added before PEFT wraps the model, as GRPOTrainer does: log-probs,
+    entropies and every adapter gradient are the PEFT model's own logits'."""
+    peft = pytest.importorskip("peft")
+    base = tiny_model("llama")
+    add_fused_lm_head(base, temperature=0.8, outputs=("log_probs", "entropy"))
+    config = peft.LoraConfig(
+        r=4, target_modules=["q_proj", "lm_head"], lora_dropout=0.0, init_lora_weights=False
+    )
+    model = peft.get_peft_model(base, config)
+    ids, labels = _batch(model)
+    out = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    full, mask = _full_logits(model, ids, labels, 0.8)
+    assert rel_err(out.log_probs, full[0]) <= 1e-5 and rel_err(out.entropy, full[1]) <= 1e-5
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    got = torch.autograd.grad(_loss(out), adapters)
+    want = torch.autograd.grad(_loss(type(out)(log_probs=full[0], entropy=full[1])), adapters)
+    assert len(adapters) == 6 and all(rel_err(a, r) <= 1e-5 for a, r in zip(got, want, strict=True))
+
+
 def test_forward_without_the_flag_and_generation_are_unchanged():
     model = tiny_model("llama")
     plain = copy.deepcopy(model)
