@@ -4,8 +4,9 @@ states and the head weight in one pass over the vocabulary per tile, never the [
 
 * :func:`fused_linear_logprobs` -> :class:`RlHeadOutput`; ``log_probs`` and ``entropy`` are differentiable in
   hidden, weight and bias, the other fields are not.
-* ``op``: the custom ops ``rl_head_fwd`` / ``rl_head_bwd`` and the backend Op ``RL_HEAD``; ``reference``: the
-  PyTorch twin and the full-logits reference; ``triton_kernels``: the fold and gradient kernels.
+* ``op``: the custom ops ``rl_head_fwd`` / ``rl_head_bwd`` and the backend Op ``FUSED_LINEAR_LOGPROBS``;
+  ``reference``: the PyTorch twin and the full-logits reference; ``triton_kernels``: the fold and gradient kernels;
+  ``stats``: the per-token running state and the outputs made from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from .op import RL_HEAD, tile_plan
+from .op import FUSED_LINEAR_LOGPROBS, tile_plan
 from .stats import OUTPUTS, flags_of
 
 __all__ = ["OUTPUTS", "RlHeadOutput", "fused_linear_logprobs", "tile_plan"]
@@ -77,7 +78,7 @@ def fused_linear_logprobs(
     plan = tile_plan(hidden.shape[0], weight.shape[0], hidden.element_size(), max_tile_mib)
     target = target.to(torch.int64).contiguous()
     with torch.autocast(device, enabled=False):
-        out = RL_HEAD(hidden, weight, bias, target, cap, scale, flags.mask, *plan)
+        out = FUSED_LINEAR_LOGPROBS(hidden, weight, bias, target, cap, scale, flags.mask, *plan)
     lp, ent, sq, mean, top1, _ = out
     return RlHeadOutput(
         lp,

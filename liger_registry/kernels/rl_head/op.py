@@ -254,4 +254,6 @@ def _on(backend: str):
     return run
 
 
-RL_HEAD = register(Op("rl_head", torch_impl=_on("torch"), triton_impl=_on("triton")))
+FUSED_LINEAR_LOGPROBS = register(
+    Op("fused_linear_logprobs", torch_impl=_on("torch"), triton_impl=_on("triton"))
+)
