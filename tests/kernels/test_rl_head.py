@@ -55,7 +55,7 @@ def rel_err(a: torch.Tensor, r: torch.Tensor) -> float:
 
 def _loss(lp, ent):
     """A loss weighting each token differently, so that per-token gradient mistakes show."""
-    w = torch.linspace(-1.0, 2.0, lp.shape[0])
+    w = torch.linspace(-1.0, 2.0, lp.shape[0], device=lp.device)
     return (lp * w).sum() + (0.0 if ent is None else (ent * w.flip(0)).sum())
 
 
