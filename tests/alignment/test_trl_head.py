@@ -114,6 +114,23 @@ def test_a_peft_lora_head_gets_its_adapter_in_the_fused_head():
     assert len(adapters) == 6 and all(rel_err(a, r) <= 1e-5 for a, r in zip(got, want, strict=True))
 
 
+def test_cast_lm_head_to_fp32_on_a_bf16_model_matches_trl():
+    model = tiny_model("gemma2", dtype=torch.bfloat16)
+    trl_model = copy.deepcopy(model)
+    add_fused_lm_head(model, temperature=0.9, cast_lm_head_to_fp32=True, outputs=("log_probs", "entropy"))
+    trl_utils.add_fused_lm_head(trl_model, 0.9, cast_lm_head_to_fp32=True, outputs=("log_probs", "entropy"))
+    ids, labels = _batch(model)
+    ours = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    trl = trl_model(input_ids=ids, labels=labels, fused_lm_head=True)
+    assert ours.log_probs.dtype == trl.log_probs.dtype == torch.float32
+    for name in ("log_probs", "entropy"):
+        assert rel_err(getattr(ours, name), getattr(trl, name)) <= 1e-5, name
+    _loss(ours).backward()
+    _loss(trl).backward()
+    for p, q in zip(model.parameters(), trl_model.parameters(), strict=True):
+        assert p.grad.dtype == torch.bfloat16 and rel_err(p.grad, q.grad) <= 1e-2  # bf16 gradients
+
+
 def test_forward_without_the_flag_and_generation_are_unchanged():
     model = tiny_model("llama")
     plain = copy.deepcopy(model)
