@@ -607,7 +607,7 @@ def _rl_head_cases() -> list[Case]:
             def bwd(backend, fwd=fwd):
                 args = fwd(backend, grad=False)
                 h, w, b, t, cap, scale, flags, tt, vt, _ = args
-                _, ent, _, _, _, log_z = OPS.rl_head_fwd(*args)
+                _, ent, _, _, _, log_z, _ = OPS.rl_head_fwd(*args)
                 return (rand(N, seed=3), rand(N, seed=4), h, w, b, t, log_z, ent, cap, scale, tt, vt,
                         True, True, b is not None, backend)  # fmt: skip
 
@@ -628,7 +628,12 @@ def _rl_head_cases() -> list[Case]:
             backend,
         )
 
+    def fp16(backend):  # the exact target logit and the tile's entropy for the backward (a 7th output)
+        h, w = rand(N, H, grad=True, dtype=torch.float16), rand(V, H, seed=1, grad=True, dtype=torch.float16)
+        return (h, w, None, target(), 3.0, 0.7, 1, N, V, backend)
+
     cases.append(Case("rl_head_fwd", "log-probs-only", BOTH, log_probs_only))
+    cases.append(Case("rl_head_fwd", "fp16-exact-target", BOTH, fp16))
     return cases
 
 

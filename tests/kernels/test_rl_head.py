@@ -213,6 +213,34 @@ def test_matches_trl_fused_head(rl_backend, trl_path, transform):
         assert rel_err(a, r) <= 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_16_bit_tiles_take_the_exact_target_logit(rl_backend, dtype, transform):
+    """Confident rows in 16 bits: the tile rounds the target's logit, ours replaces it with the exact fp32 one,
+    so every output is about as close to float64 as TRL's head or closer, bf16 log-probs clearly closer;
+    the gradients keep the tile's own log Z (probabilities that sum to one)."""
+    pytest.importorskip("trl")  # its PyTorch tiles: the 16-bit peer
+    g = _g(5)
+    w = 0.3 * torch.randn(500, 64, generator=g)
+    t = torch.randint(0, 500, (24,), generator=g)
+    h = (torch.randn(24, 64, generator=g) + 1.5 * w[t]).to(dtype).requires_grad_()
+    w = w.to(dtype).requires_grad_()
+    kw = TRANSFORMS[transform]
+    truth = rl_head_reference(h.double(), w.double(), t, **kw)
+    ours = fused_linear_logprobs(h, w, t, outputs=OUTPUTS, max_tile_mib=TINY_TILE, **kw)
+    trl = _trl_head(h, w, None, t, kw, OUTPUTS, chunk=128)
+    errs = {
+        name: (rel_err(ours[i], truth[i]), rel_err(trl[i], truth[i])) for i, name in enumerate(OUTPUTS[:4])
+    }
+    assert all(e_ours <= 1.05 * e_trl for e_ours, e_trl in errs.values()), errs
+    closer = 0.8 if dtype == torch.bfloat16 else 1.05  # fp16 rounds the target's logit 8x less than bf16
+    assert errs["log_probs"][0] <= closer * errs["log_probs"][1], errs
+    assert torch.equal(ours.is_top1, trl[4])
+    want = _grads(truth[0], truth[1], (h, w))
+    for a, r, g in zip(_grads(ours[0], ours[1], (h, w)), _grads(trl[0], trl[1], (h, w)), want, strict=True):
+        assert rel_err(a, g) <= 1.5 * rel_err(r, g) + 1e-3
+
+
 # ---------------------------------------------------------------- the kernels compile for sm_90
 @pytest.mark.skipif(not INTERPRETER, reason=NO_INTERPRETER)
 def test_kernels_compile_for_sm90_without_spills(monkeypatch):

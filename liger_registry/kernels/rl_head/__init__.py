@@ -79,7 +79,7 @@ def fused_linear_logprobs(
     target = target.to(torch.int64).contiguous()
     with torch.autocast(device, enabled=False):
         out = FUSED_LINEAR_LOGPROBS(hidden, weight, bias, target, cap, scale, flags.mask, *plan)
-    lp, ent, sq, mean, top1, _ = out
+    lp, ent, sq, mean, top1, *_ = out
     return RlHeadOutput(
         lp,
         ent if flags.entropy else None,

@@ -1,20 +1,24 @@
 """The RL head's custom ops: per-token log-probs and distribution statistics of ``hidden @ weight.T`` in tiles,
 and their backward.
 
-* ``rl_head_fwd``: ``(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1, log_z)`` [N] of the
+* ``rl_head_fwd``: ``(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1, log_z, tile_entropy)`` [N] of the
   transformed logits ``z = softcap * tanh(scale * x / softcap)`` (``scale * x`` without a softcap; a temperature
   is folded into both), outputs not asked for (``flags``) empty. Differentiable in hidden, weight and bias
-  through ``log_probs`` and ``entropy``.
+  through ``log_probs`` and ``entropy``. ``log_z`` and ``tile_entropy`` (empty unless it differs from ``entropy``)
+  are what the backward reads.
 * ``rl_head_bwd``: ``(d hidden, d weight, d bias)`` from the upstream gradients of log_probs and entropy (an
   empty gradient: that output got none).
 * The tiles (``tile_plan``): every token at once when the tile budget allows (then d weight is one GEMM per
   vocabulary slab written straight into the output, no fp32 accumulator), vocabulary slabs of a multiple of 128
   columns. Forward and backward walk the slabs in the outer loop; d hidden accumulates over the slabs in fp32.
+* 16-bit inputs: the target's logit is computed exactly (fp32 dot product, ``flce.target``) and replaces the
+  tile's rounded one in every statistic (``stats.with_exact_target``).
 * Only one tile of logits exists at a time, forward and backward. Every target must lie in ``[0, V)``.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
@@ -22,8 +26,9 @@ from torch import Tensor
 
 from ..backend import Op, register
 from ..define import define_op
+from ..flce.target import needs_exact_target, target_logits
 from . import reference, triton_kernels
-from .stats import Flags, finish, new_state
+from .stats import Flags, finish, new_state, with_exact_target
 
 DEFAULT_TILE_MIB = 512.0
 TOKEN_TILE_MAX = 32768  # beyond it the tokens are split (and d weight accumulates in fp32)
@@ -74,7 +79,7 @@ def _rl_head_fwd_impl(
     token_tile: int,
     vocab_tile: int,
     backend: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n, v = hidden.shape[0], weight.shape[0]
     f = Flags.from_mask(flags)
     fold, _ = _kernels(backend)
@@ -87,7 +92,15 @@ def _rl_head_fwd_impl(
             t1 = min(t0 + token_tile, n)
             tile = _tile(buf, hidden[t0:t1], w, b)
             fold(tile, target[t0:t1], state.__class__(*(s[t0:t1] for s in state)), v0, softcap, scale, f)
-    return finish(state, target, v, f)
+    lp, ent, sq, mean, top1, log_z = finish(state, target, v, f)
+    if not (n and needs_exact_target(hidden)):
+        return lp, ent, sq, mean, top1, log_z, log_z.new_empty(0)
+    # the outputs take the exact target logit; the backward keeps the tile's own log Z and entropy, with which
+    # its probabilities sum to one (the gradient of a confident row is the small 1 - p of its target)
+    opts = SimpleNamespace(ignore_index=-1, softcap=softcap, logit_scale=scale)
+    exact = with_exact_target(state, target_logits(hidden, weight, target, bias, opts, backend))
+    lp, ent_exact, sq, mean, _, _ = finish(exact, target, v, f)
+    return lp, ent_exact, sq, mean, top1, log_z, ent
 
 
 def _addmm_fp32(acc: Tensor, a: Tensor, b: Tensor) -> None:
@@ -179,6 +192,7 @@ def _fwd_fake(hidden, weight, bias, target, softcap, scale, flags, token_tile, v
     def vec(on: bool, dtype=torch.float32):
         return hidden.new_empty(n if on else 0, dtype=dtype)
 
+    exact = n > 0 and hidden.element_size() < 4  # flce.target.needs_exact_target
     return (
         vec(True),
         vec(f.entropy),
@@ -186,6 +200,7 @@ def _fwd_fake(hidden, weight, bias, target, softcap, scale, flags, token_tile, v
         vec(f.mean_logits),
         vec(f.is_top1, torch.bool),
         vec(True),
+        vec(exact and f.entropy),
     )
 
 
@@ -203,7 +218,8 @@ RL_HEAD_BWD = define_op("rl_head_bwd", _rl_head_bwd_impl, fake=_bwd_fake)
 
 def _setup(ctx, inputs, output):
     hidden, weight, bias, target, softcap, scale, _, token_tile, vocab_tile, backend = inputs
-    ctx.save_for_backward(hidden, weight, bias, target, output[5], output[1])
+    tile_entropy = output[6] if output[6].numel() else output[1]
+    ctx.save_for_backward(hidden, weight, bias, target, output[5], tile_entropy)
     ctx.run = (softcap, scale, token_tile, vocab_tile)
     ctx.backend = backend
 
@@ -241,7 +257,7 @@ def _backward(ctx, g_lp, g_ent, *_):
 
 # explicit fakes: the tile loops' Python arithmetic on N would specialise a dynamic N
 RL_HEAD_FWD = define_op(
-    "rl_head_fwd", _rl_head_fwd_impl, setup=_setup, backward=_backward, fake=_fwd_fake, aux=(2, 3, 4, 5)
+    "rl_head_fwd", _rl_head_fwd_impl, setup=_setup, backward=_backward, fake=_fwd_fake, aux=(2, 3, 4, 5, 6)
 )
 
 

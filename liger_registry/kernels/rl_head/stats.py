@@ -69,6 +69,21 @@ def new_state(n: int, device) -> RowState:
     )
 
 
+def with_exact_target(state: RowState, exact: torch.Tensor) -> RowState:
+    """``state`` with the target's term of every sum taken at the exact (fp32) target logit instead of the 16-bit
+    tile's: ``d - e16 + e`` with ``e16 = exp(zt16 - m)``, ``e = exp(zt - m)``, and so for ``xs``, ``sq``, ``zs``.
+    Why: a 16-bit tile rounds ``z`` by up to ~0.03 at ``z ~ 10`` (bf16), which moves a confident row's log-prob
+    by as much (docs/design/flce-layouts.md)."""
+    e16, e = torch.exp(state.zt - state.m), torch.exp(exact - state.m)
+    return state._replace(
+        d=state.d - e16 + e,
+        xs=state.xs - e16 * state.zt + e * exact,
+        sq=state.sq - e16 * e16 + e * e,
+        zs=state.zs - state.zt + exact,
+        zt=exact,
+    )
+
+
 def finish(state: RowState, target: torch.Tensor, vocab: int, flags: Flags):
     """``(log_probs, entropy, log_sum_sq_probs, mean_logits, is_top1, log_z)``; an output not asked for is an
     empty tensor of its own (a custom op's outputs may not alias each other)."""
