@@ -192,7 +192,7 @@ def _fwd_fake(hidden, weight, bias, target, softcap, scale, flags, token_tile, v
     def vec(on: bool, dtype=torch.float32):
         return hidden.new_empty(n if on else 0, dtype=dtype)
 
-    exact = n > 0 and hidden.element_size() < 4  # flce.target.needs_exact_target
+    exact = hidden.element_size() < 4  # flce.target.needs_exact_target (no tokens: empty either way)
     return (
         vec(True),
         vec(f.entropy),
