@@ -23,7 +23,7 @@
 #                  (ours vs grouped_mm, numerics vs fp32) and python -m benchmarks moe (MOE_ARGS)
 #   rl-head        the bf16 GPU test of the RL head (tests/kernels/test_rl_head.py -m gpu) and python -m benchmarks
 #                  rl_head (per-token log-probs + entropy at GRPO shapes against TRL's head, liger and full logits;
-#                  RL_HEAD_ARGS); ~90 s on an H100
+#                  RL_HEAD_ARGS); about 2 minutes on an H100 (tests ~30 s, bench ~60-90 s)
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
