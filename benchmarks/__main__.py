@@ -26,6 +26,10 @@ BENCHES = {
         "benchmarks.compile",
         "every family's tiny model under torch.compile (inductor) against eager",
     ),
+    "rl_head": (
+        "benchmarks.rl_head",
+        "per-token log-probs + entropy of the head at GRPO shapes: ours, TRL's fused head, liger, full logits",
+    ),
 }
 
 

@@ -29,6 +29,9 @@
 #                  python -m benchmarks moe (MOE_ARGS; default: the four shapes at 4096 and 16384 tokens against
 #                  hf:eager, hf:grouped_mm and liger, with ours' first call timed on an empty tile cache, and
 #                  ours:persistent, the rows kernel's persistent schedule, off by default until this A/B)
+#   rl-head        its parts rl-head-tests, the bf16 GPU test of the RL head (tests/kernels/test_rl_head.py -m gpu),
+#                  and rl-head-bench, python -m benchmarks rl_head (per-token log-probs + entropy at GRPO shapes against TRL's head, liger and full logits;
+#                  RL_HEAD_ARGS); about 2 minutes on an H100 (tests ~30 s, bench ~60-90 s)
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
@@ -41,7 +44,8 @@
 # Time: LIMIT_S is the whole call's limit in seconds (unset: none); a part's own limit T_<PART> (defaults below) is
 # cut to what is left of LIMIT_S, so the log is complete when the caller's limit comes.
 # TF_WHEELS=DIR (carried, e.g. .whl_tf525 from `pip download transformers==X`): that transformers instead of the
-# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS, PROBE_ARGS.
+# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS, PROBE_ARGS,
+# RL_HEAD_ARGS.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
@@ -150,6 +154,9 @@ for p in ${*:-tests flce e2e}; do
          bench moe-bench "${T_MOE_BENCH:-600}" 70 moe ${MOE_ARGS:---shapes qwen3_moe,gpt_oss,mixtral,dbrx \
            --tokens 4096,16384 --methods hf:eager,hf:grouped_mm,liger,ours,ours:persistent} ;;&
     moe|moe-tests|moe-probe|moe-tune|moe-bench) ;;
+    rl-head|rl-head-tests) part rl-head-tests "${T_RL_HEAD_TESTS:-90}" 12 $PYTEST -m gpu tests/kernels/test_rl_head.py ;;&
+    rl-head|rl-head-bench) bench rl-head "${T_RL_HEAD:-150}" 40 rl_head $RL_HEAD_ARGS ;;&
+    rl-head|rl-head-tests|rl-head-bench) ;;
     distributed) bench distributed "${T_DIST:-300}" 30 distributed $DIST_ARGS ;;
     compile) t=$(limit_of "${T_COMPILE:-300}")
              bench compile "$t" 85 compile --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;

@@ -1,6 +1,6 @@
 """Kernels: the public functional API; each op dispatches to Triton (CUDA) or PyTorch (CPU), see ``backend``.
 
-One package per op (``ce``, ``flce``, ``glu``, ``jsd``, ``moe``, ``norm``, ``rotary``), each laid out as README.md
+One package per op (``ce``, ``flce``, ``glu``, ``jsd``, ``moe``, ``norm``, ``rl_head``, ``rotary``), each laid out as README.md
 in this folder says.
 """
 
@@ -32,6 +32,7 @@ from .glu import geglu, glu_fused, relu_squared, swiglu, swiglu_clamped
 from .jsd import FusedLinearJSDFunction, fused_linear_jsd
 from .moe import moe_experts
 from .norm import add_rms_norm, layer_norm, layer_norm_1p, rms_norm
+from .rl_head import RlHeadOutput, fused_linear_logprobs
 from .rotary import rope, rope_variant
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "FusedLinearCrossEntropyFunction",
     "FusedLinearJSDFunction",
     "Op",
+    "RlHeadOutput",
     "add_rms_norm",
     "backend_for",
     "cross_entropy",
@@ -54,6 +56,7 @@ __all__ = [
     "flce_plan",
     "fused_linear_cross_entropy",
     "fused_linear_jsd",
+    "fused_linear_logprobs",
     "geglu",
     "glu_fused",
     "layer_norm",

@@ -14,3 +14,4 @@ def test_the_page_has_a_snippet_per_loss_and_one_for_trl():
     for name in ("dpo_loss", "orpo_loss", "simpo_loss", "kto_loss", "grpo_loss", "distillation_loss"):
         assert f"{name}(" in text
     assert "FusedDPOTrainer(" in text
+    assert "add_fused_lm_head(" in text and "use_for_trl_fused_head()" in text

@@ -192,7 +192,9 @@ def test_list_names_every_bench() -> None:
     )
     assert done.returncode == 0, done.stderr
     listed = [line.split()[0] for line in done.stdout.splitlines()[2:]]
-    assert listed == ["ops", "flce", "moe", "e2e", "step", "distributed", "compile"] == list(BENCHES)
+    assert (
+        listed == ["ops", "flce", "moe", "e2e", "step", "distributed", "compile", "rl_head"] == list(BENCHES)
+    )
     unknown = subprocess.run(
         [sys.executable, "-m", "benchmarks", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )

@@ -43,6 +43,7 @@ def test_every_public_op_is_registered():
     for name in (
         "fused_linear_cross_entropy",
         "fused_linear_jsd",
+        "fused_linear_logprobs",
         "cross_entropy",
         "rms_norm",
         "layer_norm",

@@ -587,7 +587,73 @@ def _moe_cases() -> list[Case]:
     return cases
 
 
-CASES = _norm_cases() + _rope_cases() + _glu_cases() + _loss_cases() + _variant_cases() + _moe_cases()
+def _rl_head_cases() -> list[Case]:
+    """The RL head's ops on the layouts its callers pass: gathered (contiguous) or strided hidden rows, a tied or
+    transposed weight view, with and without bias and softcap; tiles that split tokens and vocabulary."""
+    hiddens = {
+        "contiguous": lambda g: rand(N, H, grad=g),
+        "strided-rows": lambda g: strided_rows((N, H), grad=g),
+    }
+    weights = {"weight": lambda g: rand(V, H, seed=1, grad=g), "transposed-weight": lambda g: transposed_w(g)}
+
+    def transposed_w(grad):
+        return rand(H, V, seed=1).t().detach().requires_grad_(grad)
+
+    def target():
+        return torch.randint(0, V, (N,), generator=_g(7)).to(DEVICE)
+
+    cases = []
+    for (hn, hidden), (wn, weight) in ((h, w) for h in hiddens.items() for w in weights.items()):
+        for extras, tiles in (("plain", (N, V)), ("bias-softcap-tiled", (4, 8))):
+            with_extras = extras != "plain"
+
+            def fwd(backend, hidden=hidden, weight=weight, on=with_extras, tiles=tiles, grad=True):
+                bias = rand(V, seed=2, grad=grad) if on else None
+                cap = 3.0 if on else None
+                return (hidden(grad), weight(grad), bias, target(), cap, 0.7, 15, *tiles, backend)
+
+            def bwd(backend, fwd=fwd):
+                args = fwd(backend, grad=False)
+                h, w, b, t, cap, scale, flags, tt, vt, _ = args
+                _, ent, _, _, _, log_z, _ = OPS.rl_head_fwd(*args)
+                return (rand(N, seed=3), rand(N, seed=4), h, w, b, t, log_z, ent, cap, scale, tt, vt,
+                        True, True, b is not None, backend)  # fmt: skip
+
+            tag = f"{hn}-{wn}-{extras}"
+            cases += [Case("rl_head_fwd", tag, BOTH, fwd), Case("rl_head_bwd", tag, BOTH, bwd)]
+
+    def log_probs_only(backend):
+        return (
+            rand(N, H, grad=True),
+            rand(V, H, seed=1, grad=True),
+            None,
+            target(),
+            None,
+            1.0,
+            0,
+            N,
+            V,
+            backend,
+        )
+
+    def fp16(backend):  # the exact target logit and the tile's entropy for the backward (a 7th output)
+        h, w = rand(N, H, grad=True, dtype=torch.float16), rand(V, H, seed=1, grad=True, dtype=torch.float16)
+        return (h, w, None, target(), 3.0, 0.7, 1, N, V, backend)
+
+    cases.append(Case("rl_head_fwd", "log-probs-only", BOTH, log_probs_only))
+    cases.append(Case("rl_head_fwd", "fp16-exact-target", BOTH, fp16))
+    return cases
+
+
+CASES = (
+    _norm_cases()
+    + _rope_cases()
+    + _glu_cases()
+    + _loss_cases()
+    + _variant_cases()
+    + _moe_cases()
+    + _rl_head_cases()
+)
 PARAMS = [pytest.param(c, b, id=f"{c.id}-{b}") for c in CASES for b in c.backends]
 
 
