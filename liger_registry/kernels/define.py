@@ -12,7 +12,8 @@ decides again, so a direct ``torch.ops.liger_registry.<name>`` call works everyw
   PyTorch branch cannot run on fake tensors (data-dependent shapes) passes ``fake=``;
 * its autograd formula (``setup`` + ``backward``), registered on the custom op;
 * an eager twin: an ``autograd.Function`` running the same impl, setup and backward without the dispatcher
-  round trip (the eager call's launch overhead), taken whenever nothing is being compiled.
+  round trip (the eager call's launch overhead), taken whenever nothing is being compiled, and entered through
+  :func:`fast_apply` (``Function.apply`` less its Python wrapper, which only matters under functorch transforms).
 
 A backward formula calls the backward op with :meth:`KernelOp.from_backward` (the impl itself after an eager
 forward, the custom op when AOT traces it).
@@ -52,6 +53,25 @@ def eager_twin(name: str, impl: Callable, setup: Callable, backward: Callable, a
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(lambda ctx, *g: backward(ctx, *g))},
     )
+
+
+_TRANSFORMS_ACTIVE = torch._C._are_functorch_transforms_active
+
+
+def fast_apply(fn: type[torch.autograd.Function]) -> Callable:
+    """``fn.apply`` without ``Function.apply``'s Python layer (binding default arguments for a ``setup_context``
+    style Function, unwrapping functorch wrappers left over from a finished transform: ~4 us per call, the
+    size of a norm kernel's launch) whenever no functorch transform is active; under one, ``fn.apply`` itself.
+    For Functions with a combined ``forward(ctx, ...)`` only (no ``setup_context``: nothing to bind)."""
+    if getattr(fn, "setup_context", None) is not torch.autograd.Function.setup_context:
+        raise TypeError(f"fast_apply({fn.__name__}): a Function with setup_context needs Function.apply")
+    # what Function.apply ends in: the C base's apply, bound to fn
+    c_apply, slow = super(torch.autograd.Function, fn).apply, fn.apply
+
+    def apply(*args):
+        return slow(*args) if _TRANSFORMS_ACTIVE() else c_apply(*args)
+
+    return apply
 
 
 @dataclass(frozen=True)
@@ -103,4 +123,4 @@ def define_op(
         return KernelOp(name, impl, custom, impl)
     torch.library.register_autograd(f"{NS}::{name}", backward, setup_context=setup)
     twin = eager_twin(name, impl, setup, backward, aux)
-    return KernelOp(name, impl, custom, twin.apply)
+    return KernelOp(name, impl, custom, fast_apply(twin))
