@@ -18,7 +18,8 @@
 #   step           python -m benchmarks step (real configs at realistic depth); choose rows and methods with
 #                  STEP_ARGS (e.g. "--models llama3_2_1b,qwen3_1_7b --shapes 2x4096 --methods hf,liger,ours
 #                  --tag dense4k") when the whole table does not fit LIMIT_S; join the JSONs with step --merge
-#   ops            python -m benchmarks ops
+#   ops            python -m benchmarks ops (every op at 4096, 16384 and 32768 tokens, forward and backward, walls
+#                  and kernel times against the copy; OPS_ARGS)
 #   moe            MoE experts: the GPU tests of tests/kernels/test_moe.py, the probe benchmarks.probes.moe_kernels
 #                  (ours vs grouped_mm, numerics vs fp32) and python -m benchmarks moe (MOE_ARGS)
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
@@ -33,7 +34,8 @@
 # Time: LIMIT_S is the whole call's limit in seconds (unset: none); a part's own limit T_<PART> (defaults below) is
 # cut to what is left of LIMIT_S, so the log is complete when the caller's limit comes.
 # TF_WHEELS=DIR (carried, e.g. .whl_tf525 from `pip download transformers==X`): that transformers instead of the
-# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS, PROBE_ARGS.
+# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, OPS_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS,
+# PROBE_ARGS.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
@@ -110,7 +112,7 @@ for p in ${*:-tests flce e2e}; do
                    --methods hf,hf_compile,ours,ours_compile,liger $E2E_ARGS ;;
     step) t=$(limit_of "${T_STEP:-600}")
           bench step "$t" 70 step --budget-s $(( t - 25 )) $STEP_ARGS ;;
-    ops) bench ops "${T_OPS:-150}" 40 ops ;;
+    ops) bench ops "${T_OPS:-360}" 140 ops $OPS_ARGS ;;
     moe) # the GPU tests only: on the device the CPU ones would use up the part's time
          part moe-tests "${T_MOE:-120}" 12 $PYTEST -m gpu tests/kernels/test_moe.py
          probe moe-probe "${T_MOE_PROBE:-150}" 40 moe_kernels --tokens 4096,16384

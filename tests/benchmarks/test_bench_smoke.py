@@ -426,3 +426,35 @@ def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
     rows = {r["method"]: r for r in _json(tmp_path, "bench_moe-llama4")["rows"]}
     assert set(rows) == {"hf", "ours"}
     assert rows["hf"]["rel_diff"] == 0.0 and rows["ours"]["rel_diff"] < 1e-5
+
+
+def test_ops_cpu_smoke_reports_each_phase_of_every_op(tmp_path: Path) -> None:
+    from benchmarks import ops as bench_ops
+
+    assert bench_ops.main(["--cpu-smoke", "--tokens", "32,64", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("bench_ops-smoke_*.json")
+    payload = json.loads(path.read_text())
+    rows = payload["rows"]
+    assert payload["copy_gbs"] > 0 and not payload["errors"]
+    assert {(r["op"].split()[0], r["tokens"]) for r in rows} == {
+        (op, n)
+        for op in ("RMSNorm", "RoPE", "SwiGLU", "GeGLU", "LayerNorm", "CrossEntropy")
+        for n in (32, 64)
+    }
+    for r in rows:
+        for method in ("ours", "eager"):
+            assert r[f"{method}_ms"] > 0 and r[f"{method}_fwd_ms"] > 0
+            assert r[f"{method}_fwd_frac_copy"] > 0
+
+
+def test_ops_backward_is_the_step_less_the_forward_against_the_copy() -> None:
+    from benchmarks import ops as bench_ops
+
+    row = {"bytes_fwd": 2e9, "bytes_bwd": 3e9, "bytes": 5e9, "ours_ms": 3.0, "ours_fwd_ms": 1.0}
+    row.update(ours_kernel_ms=2.5, ours_fwd_kernel_ms=1.0, peer_ms=6.0, peer_fwd_ms=7.0)
+    bench_ops._ratios(row, copy_gbs=4000.0)
+    assert row["ours_bwd_ms"] == pytest.approx(2.0) and row["ours_bwd_kernel_ms"] == pytest.approx(1.5)
+    assert row["ours_fwd_gbs"] == pytest.approx(2000.0) and row["ours_fwd_frac_copy"] == pytest.approx(0.5)
+    assert row["ours_bwd_kernel_frac_copy"] == pytest.approx(0.5)  # 3e9 B in 1.5 ms = 2000 GB/s
+    assert row["ours_vs_peer"] == pytest.approx(0.5) and row["bar_met"]
+    assert row["peer_bwd_ms"] is None and "peer_bwd_gbs" not in row  # a step timed below its forward: noise
