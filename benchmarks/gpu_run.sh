@@ -17,7 +17,8 @@
 #   e2e-compile    e2e: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts
 #   e2e-recipes    e2e: the compile recipes (torch.compile(model), regional, max-autotune-no-cudagraphs,
 #                  reduce-overhead) for hf and ours, and ours eager, on the llama 2-layer cut at 4096 tokens, one
-#                  repeat (RECIPES="m1,m2,..." to choose; ~8 min: nine processes, compiled ones 40-90 s each)
+#                  repeat (RECIPES="m1,m2,..." to choose; ~8-10 min: nine processes, compiled ones 40-90 s each,
+#                  the max-autotune pair last and longest, each cut at 240 s)
 #   step-compile   step: ours, hf_compile, ours_compile and the regional recipe of both on Llama-3.2-1B 2 x 4096,
 #                  one repeat, no hf_noise (~6 min)
 #   step           python -m benchmarks step (real configs at realistic depth); choose rows and methods with
@@ -118,7 +119,7 @@ for p in ${*:-tests flce e2e}; do
     e2e-recipes) t=$(limit_of "${T_E2E:-600}")
                  bench e2e-recipes "$t" 40 e2e --budget-s $(( t - 60 )) --models llama --layers 2 --tokens 4096 \
                    --repeats 1 --methods "${RECIPES:-ours,hf_compile,ours_compile,hf_compile_regional,\
-ours_compile_regional,hf_compile_autotune,ours_compile_autotune,hf_compile_cudagraphs,ours_compile_cudagraphs}" \
+ours_compile_regional,hf_compile_cudagraphs,ours_compile_cudagraphs,hf_compile_autotune,ours_compile_autotune}" \
                    $E2E_ARGS ;;
     step-compile) t=$(limit_of "${T_STEP:-540}")
                   bench step-compile "$t" 60 step --budget-s $(( t - 25 )) --models llama3_2_1b --shapes 2x4096 \

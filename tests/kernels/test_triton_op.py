@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the custom-op nodes left, the Triton kernels of each kernel node, and which output each result is read from.
 TRACE = r"""
 import json
+import sys
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import default_partition
@@ -48,8 +49,10 @@ def stop(gm, inputs):
 
 
 backend = aot_autograd(fw_compiler=stop, partition_fn=partition)
-x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
-f = torch.compile(lambda x, w: op.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", "triton")[0].sum(), backend=backend)
+dynamic = sys.argv[1] == "dynamic"  # every dimension symbolic, the width included
+x, w = torch.randn(3, 4, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+fn = lambda x, w: op.rms_norm_fwd(x, w, 1e-6, 0.0, "llama", "triton")[0].sum()
+f = torch.compile(fn, backend=backend, dynamic=dynamic)
 try:
     f(x, w)
 except Exception:
@@ -83,10 +86,13 @@ def test_triton_op_needs_a_derived_fake_and_no_mutation():
         define.define_op("test_triton_op_mutates", impl, mutates_args=("x",), triton_op=True)
 
 
-def test_compiled_rms_norm_decomposes_into_its_kernels():
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_compiled_rms_norm_decomposes_into_its_kernels(shapes):
+    """Also with symbolic shapes (opcheck's dynamic AOT test, a varying sequence length): the width is
+    specialised for the kernels' BLOCK, the rows stay symbolic in the grid."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-c", TRACE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", TRACE, shapes], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     graph = json.loads(done.stdout.strip().splitlines()[-1])

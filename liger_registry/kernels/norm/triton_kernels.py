@@ -28,9 +28,14 @@ SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program 
 BWD_WARP_FACTOR = 1
 
 
-@functools.cache
 def _row_launch(n_cols: int, warp_factor: int = 1) -> tuple[int, int]:
-    """(BLOCK, num_warps) of a row kernel over ``n_cols`` columns (one row per block, made once per width)."""
+    """(BLOCK, num_warps) of a row kernel over ``n_cols`` columns (one row per block, made once per width). A
+    symbolic width (a launch traced with dynamic shapes) is specialised: BLOCK is a compile-time constant."""
+    return _row_launch_of(int(n_cols), warp_factor)
+
+
+@functools.cache
+def _row_launch_of(n_cols: int, warp_factor: int) -> tuple[int, int]:
     block = triton.next_power_of_2(n_cols)
     return block, min(32, tu.warps_for(block) * warp_factor)
 
