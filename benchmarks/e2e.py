@@ -7,7 +7,10 @@ to 2 and 4 layers; bf16 weights built on the GPU with a fixed seed, SDPA attenti
 apply_liger_kernel_to_llama / _qwen3(model=...), a benchmark-only peer), `ours` (liger_registry.apply(model)),
 `ours_tp` (apply(model, policy="throughput")), and `hf_compile` / `ours_compile` (the same model, then
 `torch.compile(model)` with inductor's default mode; the first steps pay the compilation, reported apart as
-`compile_s`: the warm-up steps' time beyond as many median steps). Each configuration runs in its own process (a fresh CUDA context
+`compile_s`: the warm-up steps' time beyond as many median steps, and `first_step_s`). Other compile recipes,
+by name, for hf and ours (opt in): `_compile_regional` (each decoder layer compiled, `layer.compile()`),
+`_compile_autotune` (mode max-autotune-no-cudagraphs), `_compile_cudagraphs` (mode reduce-overhead); each
+recipe's ours/hf and ours-compiled/ours-eager ratios are printed under the table. Each configuration runs in its own process (a fresh CUDA context
 and allocator: peak memory does not inherit another run's fragmentation), the methods of one configuration next
 to each other and in a rotated order per repeat. By default the processes are forked from this driver after it
 imported torch and transformers once (it never touches CUDA); --spawn starts each one from scratch instead.
@@ -25,6 +28,8 @@ Usage: python -m benchmarks e2e [--quick] [--models llama,qwen3] [--layers 2,4] 
                                 [--methods hf,liger,ours,ours_tp] [--repeats 2] [--steps 8] [--warmup 3]
        python -m benchmarks e2e --models qwen3_moe,mixtral,gpt_oss --layers 4 --tokens 4096
        python -m benchmarks e2e --cpu-smoke    # tiny dims on CPU, 2 steps, no peer: checks the script
+       python -m benchmarks e2e --layers 2 --tokens 4096 --repeats 1 \
+           --methods hf_compile,ours_compile,hf_compile_regional,ours_compile_regional,ours    # recipes
 """
 
 from __future__ import annotations
@@ -125,9 +130,21 @@ SMOKE_MOE = {  # on top of SMOKE_DIMS for the MoE rows
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
 }
-METHODS = ("hf", "liger", "ours", "ours_tp", "hf_compile", "ours_compile")
-CPU_METHODS = ("hf", "ours", "ours_tp")  # no CUDA, no peer
 COMPILED = "_compile"
+# compile recipes, by the method's suffix: (what is compiled, inductor mode). `model`: torch.compile(model), what
+# Trainer's torch_compile does; `layers`: each decoder layer's module compiled in place (`layer.compile()`, the
+# regional compilation transformers and torchtitan recommend: one layer's graph reused by every layer, the head and
+# embeddings eager); reduce-overhead adds CUDA graphs
+RECIPES = {
+    COMPILED: ("model", None),
+    "_compile_regional": ("layers", None),
+    "_compile_autotune": ("model", "max-autotune-no-cudagraphs"),
+    "_compile_cudagraphs": ("model", "reduce-overhead"),
+}
+COMPILED_METHODS = tuple(f"{base}{suffix}" for suffix in RECIPES for base in ("hf", "ours"))
+METHODS = ("hf", "liger", "ours", "ours_tp", "hf_compile", "ours_compile")
+OPT_IN = tuple(m for m in COMPILED_METHODS if m not in METHODS)  # the other recipes, by name
+CPU_METHODS = ("hf", "ours", "ours_tp")  # no CUDA, no peer
 PEER_APPLY = {
     "llama": "apply_liger_kernel_to_llama",
     "qwen3": "apply_liger_kernel_to_qwen3",
@@ -169,6 +186,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--spawn", action="store_true", help="start every process from scratch instead of forking")
     p.add_argument("--quick", action="store_true", help="2 layers, both models and token counts, 1 repeat")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims on CPU, 2 steps, methods without CUDA")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the compiled methods (the CPU smoke checks the recipes with aot_eager)",
+    )
     harness.add_out_arg(p)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -181,6 +203,9 @@ def parse(argv=None) -> argparse.Namespace:
         if args.methods == ",".join(METHODS):
             args.methods = ",".join(CPU_METHODS)
         args.steps, args.warmup = min(args.steps, 2), min(args.warmup, 1)
+    unknown = set(args.methods.split(",")) - {*METHODS, *OPT_IN}
+    if unknown:
+        p.error(f"unknown methods {sorted(unknown)} (known: {', '.join((*METHODS, *OPT_IN))})")
     return args
 
 
@@ -211,6 +236,7 @@ def jobs_of(args: argparse.Namespace) -> list[dict]:
                         lr=args.lr,
                         optimizer=args.optimizer,
                         smoke=args.cpu_smoke,
+                        compile_backend=args.compile_backend,
                     )
                 )
     return jobs
@@ -241,9 +267,45 @@ def build_model(job: dict, device: str):
     return model.train(), config
 
 
+def recipe_of(method: str) -> tuple[str, tuple[str, str | None] | None]:
+    """``(base method, (what is compiled, mode) or None)``: `ours_compile_regional` patches as `ours` does, then
+    compiles each decoder layer."""
+    for suffix, recipe in RECIPES.items():
+        if method.endswith(suffix):
+            return method.removesuffix(suffix), recipe
+    return method, None
+
+
 def base_method(method: str) -> str:
     """The method without its compile suffix: `ours_compile` patches as `ours` does."""
-    return method.removesuffix(COMPILED)
+    return recipe_of(method)[0]
+
+
+def is_compiled(method: str) -> bool:
+    return recipe_of(method)[1] is not None
+
+
+def decoder_layers(model):
+    """The decoder layers' modules of a causal LM (``model.model.layers``, or a multimodal model's text model's)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no decoder layers to compile one by one")
+    return layers
+
+
+def compile_model(model, method: str, backend: str = "inductor", how: str | None = None):
+    """The method's compile recipe applied to ``model`` (``how`` overrides what is compiled); returns what to call.
+    A mode is an inductor option: another backend (the CPU smoke's) compiles without it."""
+    import torch
+
+    _, (what, mode) = recipe_of(method)
+    kwargs = {"backend": backend, **({"mode": mode} if mode and backend == "inductor" else {})}
+    if (how or what) == "layers":
+        for layer in decoder_layers(model):
+            layer.compile(**kwargs)
+        return model
+    return torch.compile(model, **kwargs)
 
 
 def patch(job: dict, model) -> dict:
@@ -295,19 +357,25 @@ def train(job: dict, model, device: str) -> dict:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
 
+    cudagraphs = recipe_of(job["method"])[1] == RECIPES["_compile_cudagraphs"]
+
     def one(step: int):
+        if cudagraphs:  # a new iteration: the graphs' outputs of the last one may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         ids = batches[step % 2]
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        # a copy: under CUDA graphs the loss lives in the graph's memory, which the next replay overwrites
+        return loss.detach().clone()
 
     losses, times = harness.time_steps(one, job["steps"], cuda)
     losses = [float(x) for x in losses]
     median = harness.steady_median(times, job["warmup"])
     return {
         "compile_s": max(0.0, sum(times[: job["warmup"]]) - median * min(job["warmup"], len(times))),
+        "first_step_s": times[0] if times else None,  # the first compile (and the first call's allocations)
         "losses": losses,
         "step_s": times,
         "median_step_s": median,
@@ -331,8 +399,8 @@ def run_job(job: dict) -> dict:
             out["hf_experts_implementation"] = config._experts_implementation
         t = time.perf_counter()
         out.update(patch(job, model))
-        if job["method"].endswith(COMPILED):
-            model = torch.compile(model)
+        if is_compiled(job["method"]):
+            model = compile_model(model, job["method"], job.get("compile_backend", "inductor"))
         out["apply_s"] = time.perf_counter() - t
         out.update(train(job, model, device))
         out["ok"] = True
@@ -379,7 +447,7 @@ def timeout_of(job: dict, args: argparse.Namespace) -> float:
     """A compiled method gets twice the time: its first steps compile the model."""
     if job.get("timeout_s"):
         return job["timeout_s"]
-    return args.timeout_s * (2 if job["method"].endswith(COMPILED) else 1)
+    return args.timeout_s * (2 if is_compiled(job["method"]) else 1)
 
 
 def launch(job: dict, args: argparse.Namespace, tmp: Path, index: int, child=None, module=None) -> dict:
@@ -472,11 +540,13 @@ def summarise(runs: list[dict]) -> list[dict]:
             if (r["model"], r["layers"], r["tokens"]) != (model, layers, tokens):
                 continue
             m = row["methods"].setdefault(
-                r["method"], {"tokens_per_s": [], "peak_gib": [], "compile_s": [], "errors": []}
+                r["method"],
+                {"tokens_per_s": [], "peak_gib": [], "compile_s": [], "first_step_s": [], "errors": []},
             )
             if r.get("ok"):
                 m["tokens_per_s"].append(r["tokens_per_s"])
                 m["compile_s"].append(r.get("compile_s", 0.0))
+                m["first_step_s"].append(r.get("first_step_s"))
                 m["peak_gib"].append(r["peak_gib"])
                 m.setdefault("losses", r["losses"])
                 m.setdefault("flce_plan", r.get("flce_plan"))
@@ -507,6 +577,7 @@ def judge(row: dict) -> None:
         "tp/liger": ratio("ours_tp", "liger"),
         "oc/hc": ratio("ours_compile", "hf_compile"),
     }
+    row["recipes"] = recipe_ratios(tps)
     r = row["ratios"]
     extra = (
         (peak["ours"] - peak["liger"])
@@ -519,6 +590,17 @@ def judge(row: dict) -> None:
         "peak<=liger+0.25": None if extra is None else extra <= 0.25,
         "compiled>=1.0x": None if r["oc/hc"] is None else r["oc/hc"] >= 1.0,
     }
+
+
+def recipe_ratios(tps: dict) -> dict:
+    """Per compile recipe measured: ours against HF compiled the same way, and against ours eager."""
+    out = {}
+    for suffix in RECIPES:
+        ours, hf = tps.get(f"ours{suffix}"), tps.get(f"hf{suffix}")
+        if ours:
+            out[f"ours{suffix}/hf{suffix}"] = ours / hf if hf else None
+            out[f"ours{suffix}/ours"] = ours / tps["ours"] if tps.get("ours") else None
+    return out
 
 
 def kfmt(x) -> str:
@@ -580,11 +662,17 @@ def print_table(rows: list[dict], runs: list[dict], meta: dict) -> None:
     harness.print_table(cols, lines, meta["title"])
     for row in rows:
         for name, m in row["methods"].items():
-            if name.endswith(COMPILED) and m["compile_s"]:
+            if is_compiled(name) and m["compile_s"]:
+                firsts = [x for x in m["first_step_s"] if x is not None]
                 print(
                     f"  compile {row['model']} L{row['layers']} T{row['tokens']} {name}: "
-                    f"{statistics.fmean(m['compile_s']):.1f} s beyond the warm-up steps' median time"
+                    f"{statistics.fmean(m['compile_s']):.1f} s beyond the warm-up steps' median time, first step "
+                    f"{statistics.fmean(firsts) if firsts else float('nan'):.1f} s"
                 )
+        for name, x in row.get("recipes", {}).items():
+            print(
+                f"  {row['model']} L{row['layers']} T{row['tokens']} {name}: {'-' if x is None else f'{x:.3f}'}"
+            )
     flat = [v for row in rows for v in row["targets"].values()]
     print(
         f"targets: {sum(1 for v in flat if v)} met, {sum(1 for v in flat if v is False)} MISSED, "

@@ -18,10 +18,17 @@
 #   flce-strategies     python -m benchmarks flce --strategies (each strategy forced, against the cost model)
 #   e2e / e2e-quick     python -m benchmarks e2e (full / 2 layers, 1 repeat)
 #   e2e-compile    e2e: hf, hf_compile, ours, ours_compile, liger on the llama and qwen3 2-layer cuts
+#   e2e-recipes    e2e: the compile recipes (torch.compile(model), regional, max-autotune-no-cudagraphs,
+#                  reduce-overhead) for hf and ours, and ours eager, on the llama 2-layer cut at 4096 tokens, one
+#                  repeat (RECIPES="m1,m2,..." to choose; ~8-10 min: nine processes, compiled ones 40-90 s each,
+#                  the max-autotune pair last and longest, each cut at 240 s)
+#   step-compile   step: ours, hf_compile, ours_compile and the regional recipe of both on Llama-3.2-1B 2 x 4096,
+#                  one repeat, no hf_noise (~6 min)
 #   step           python -m benchmarks step (real configs at realistic depth); choose rows and methods with
 #                  STEP_ARGS (e.g. "--models llama3_2_1b,qwen3_1_7b --shapes 2x4096 --methods hf,liger,ours
 #                  --tag dense4k") when the whole table does not fit LIMIT_S; join the JSONs with step --merge
-#   ops            python -m benchmarks ops
+#   ops            python -m benchmarks ops (every op at 4096, 16384 and 32768 tokens, forward and backward, walls
+#                  and kernel times against the copy; OPS_ARGS)
 #   moe            MoE experts, its four parts in turn (each also a part of its own name): moe-tests, the GPU tests
 #                  of tests/kernels/test_moe.py; moe-probe, benchmarks.probes.moe_kernels (ours vs grouped_mm,
 #                  numerics vs fp32); moe-tune, `liger-registry tune moe` twice in two processes (an empty tile
@@ -44,8 +51,8 @@
 # Time: LIMIT_S is the whole call's limit in seconds (unset: none); a part's own limit T_<PART> (defaults below) is
 # cut to what is left of LIMIT_S, so the log is complete when the caller's limit comes.
 # TF_WHEELS=DIR (carried, e.g. .whl_tf525 from `pip download transformers==X`): that transformers instead of the
-# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS, PROBE_ARGS,
-# RL_HEAD_ARGS.
+# installed one. Extra arguments: FLCE_ARGS, E2E_ARGS, STEP_ARGS, OPS_ARGS, MOE_ARGS, DIST_ARGS, COMPILE_ARGS,
+# PROBE_ARGS, RL_HEAD_ARGS.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
@@ -139,9 +146,18 @@ for p in ${*:-tests flce e2e}; do
     e2e-compile) t=$(limit_of "${T_E2E:-400}")
                  bench e2e-compile "$t" 30 e2e --budget-s $(( t - 60 )) --layers 2 --tokens 4096 --repeats 1 \
                    --methods hf,hf_compile,ours,ours_compile,liger $E2E_ARGS ;;
+    e2e-recipes) t=$(limit_of "${T_E2E:-600}")
+                 bench e2e-recipes "$t" 40 e2e --budget-s $(( t - 60 )) --models llama --layers 2 --tokens 4096 \
+                   --repeats 1 --methods "${RECIPES:-ours,hf_compile,ours_compile,hf_compile_regional,\
+ours_compile_regional,hf_compile_cudagraphs,ours_compile_cudagraphs,hf_compile_autotune,ours_compile_autotune}" \
+                   $E2E_ARGS ;;
+    step-compile) t=$(limit_of "${T_STEP:-540}")
+                  bench step-compile "$t" 60 step --budget-s $(( t - 25 )) --models llama3_2_1b --shapes 2x4096 \
+                    --repeats 1 --no-noise --tag compile \
+                    --methods ours,hf_compile,ours_compile,hf_compile_regional,ours_compile_regional $STEP_ARGS ;;
     step) t=$(limit_of "${T_STEP:-600}")
           bench step "$t" 70 step --budget-s $(( t - 25 )) $STEP_ARGS ;;
-    ops) bench ops "${T_OPS:-150}" 40 ops ;;
+    ops) bench ops "${T_OPS:-360}" 140 ops $OPS_ARGS ;;
     moe|moe-tests) # the GPU tests only: on the device the CPU ones would use up the part's time
          part moe-tests "${T_MOE:-240}" 12 $PYTEST -m gpu tests/kernels/test_moe.py ;;&
     moe|moe-probe) probe moe-probe "${T_MOE_PROBE:-150}" 40 moe_kernels --tokens 4096,16384 ;;&

@@ -16,6 +16,9 @@ reference library's apply_liger_kernel_to_<family>(model=...), a benchmark-only 
 about half a bf16 rounding step, the reference for what rounding-level differences do to the loss curve
 (`--noise-draws N`: N such runs, each its own perturbation); and, on request, `hf_fp32`, once per row: HF on the
 same initial weights upcast to fp32 and trained in fp32, the exact curve each method's distance is reported from.
+Compile recipes beyond torch.compile(model), by name for hf and ours (opt in; bench_e2e.RECIPES):
+`_compile_regional` (each decoder layer compiled), `_compile_autotune` (max-autotune-no-cudagraphs),
+`_compile_cudagraphs` (reduce-overhead); the first step's time is recorded with the compile time.
 The methods of a row run next to each other in a rotated order, rows and repeats interleaved (bench_e2e's order).
 
 Per run: tokens/s of the median step after the warm-up steps, peak allocated GiB, model FLOPs utilisation
@@ -33,6 +36,8 @@ Usage: python -m benchmarks step [--models llama3_2_1b,qwen3_1_7b] [--shapes 2x4
                                  [--methods hf,liger,ours] [--repeats 2] [--budget-s 540] [--tag dense]
        python -m benchmarks step --merge a/bench_step-dense_h100_DATE.json b/bench_step-moe_h100_DATE.json
        python -m benchmarks step --cpu-smoke    # tiny dims on CPU, hf and ours: checks the script
+       python -m benchmarks step --models llama3_2_1b --shapes 2x4096 --no-noise --tag compile \
+           --methods ours,hf_compile,ours_compile,hf_compile_regional,ours_compile_regional,ours_compile_autotune
 """
 
 from __future__ import annotations
@@ -169,8 +174,9 @@ NOISE_SEED = 99  # draw r of hf_noise: seed NOISE_SEED + r
 # HF on the same bf16 initial weights upcast to fp32, trained in fp32 (TF32 off), once per row: which curve is
 # nearer the exact one where a method leaves HF's noise band (opt in: --methods ...,hf_fp32)
 FP32_REF = "hf_fp32"
-# opt-in methods: not in the default list (the fp32 reference; ours with the throughput policy's 512 MiB head buffer)
-OPT_IN = (FP32_REF, "ours_tp")
+# opt-in methods: not in the default list (the fp32 reference; ours with the throughput policy's 512 MiB head buffer;
+# the compile recipes other than torch.compile(model): bench_e2e.RECIPES)
+OPT_IN = (FP32_REF, "ours_tp", *e2e.OPT_IN)
 PROBE = "probe"
 NOISE_SCALE = (
     2.0**-9
@@ -241,6 +247,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=540.0, help="start no process that would end after this")
     p.add_argument("--spawn", action="store_true", help="start every process from scratch instead of forking")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny dims on CPU, 3 steps, hf and ours")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the compiled methods (the CPU smoke checks the recipes with aot_eager)",
+    )
     p.add_argument("--tag", default="", help="part of the output files' names (bench_step-TAG_DEVICE_DATE.*)")
     harness.add_out_arg(p)
     p.add_argument("--merge", nargs="+", default=None, help="join the runs of these JSONs; runs nothing")
@@ -284,7 +295,7 @@ def rows_of(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def repeats_of(method: str, args: argparse.Namespace) -> int:
     """How many repeats run a method: compiled ones --compile-repeats, the fp32 reference one, the rest --repeats."""
-    if method.endswith(e2e.COMPILED):
+    if e2e.is_compiled(method):
         return args.compile_repeats
     return 1 if method == FP32_REF else args.repeats
 
@@ -330,9 +341,10 @@ def jobs_of(args: argparse.Namespace) -> list[dict]:
                         lr=args.lr,
                         optimizer=args.optimizer,
                         compile=args.compile,
+                        compile_backend=args.compile_backend,
                         smoke=args.cpu_smoke,
                         peer_apply=PEER_APPLY[model],
-                        timeout_s=args.timeout_s * (2 if method.endswith(e2e.COMPILED) else 1),
+                        timeout_s=args.timeout_s * (2 if e2e.is_compiled(method) else 1),
                     )
                 )
     return jobs
@@ -429,14 +441,11 @@ def perturb(model, scale: float = NOISE_SCALE, seed: int = NOISE_SEED) -> None:
             p.copy_((p.float() * (1 + scale * noise)).to(p.dtype))
 
 
-def compile_model(model, how: str):
-    import torch
-
-    if how == "layers":
-        for layer in model.model.layers:
-            layer.compile()
-        return model
-    return torch.compile(model)
+def compile_model(model, job: dict):
+    """The method's recipe (bench_e2e.RECIPES); ``--compile layers`` makes the plain `_compile` methods regional."""
+    method = job["method"]
+    how = job.get("compile", "model") if e2e.recipe_of(method)[1] == e2e.RECIPES[e2e.COMPILED] else None
+    return e2e.compile_model(model, method, job.get("compile_backend", "inductor"), how=how)
 
 
 def run_job(job: dict) -> dict:
@@ -466,8 +475,8 @@ def run_job(job: dict) -> dict:
                 model = model.float()
             unpatched = job["method"] in (NOISE, FP32_REF)
             out.update(e2e.patch({**job, "method": "hf" if unpatched else job["method"]}, model))
-            if job["method"].endswith(e2e.COMPILED):
-                model = compile_model(model, job.get("compile", "model"))
+            if e2e.is_compiled(job["method"]):
+                model = compile_model(model, job)
             out["apply_s"] = time.perf_counter() - t
             out.update(e2e.train({**job, "dtype": dtype}, model, device))
         out["ok"] = True
@@ -512,7 +521,7 @@ def preimport(smoke: bool) -> None:
 def predicted_s(job: dict, runs: list[dict]) -> float:
     """What the job will take: its row and method's last process (caches warm by then), else the longest of its
     row's processes of the same kind, else of any row, else EST_S."""
-    compiled = job["method"].endswith(e2e.COMPILED)
+    compiled = e2e.is_compiled(job["method"])
     runs = [r for r in runs if "wall_s" in r]  # processes that ran
     same = [
         r["wall_s"]
@@ -521,7 +530,7 @@ def predicted_s(job: dict, runs: list[dict]) -> float:
     ]
     if same:
         return same[-1]
-    kind = [r for r in runs if r["method"] != PROBE and r["method"].endswith(e2e.COMPILED) == compiled]
+    kind = [r for r in runs if r["method"] != PROBE and e2e.is_compiled(r["method"]) == compiled]
     row = [r["wall_s"] for r in kind if (r["model"], r["shape"]) == (job["model"], job["shape"])]
     return max(row or [r["wall_s"] for r in kind] or [EST_S[compiled]])
 
@@ -607,13 +616,22 @@ def summarise(runs: list[dict]) -> list[dict]:
             row.setdefault("attn", r.get("attn"))
             m = row["methods"].setdefault(
                 r["method"],
-                {"tokens_per_s": [], "mfu": [], "peak_gib": [], "compile_s": [], "curves": [], "errors": []},
+                {
+                    "tokens_per_s": [],
+                    "mfu": [],
+                    "peak_gib": [],
+                    "compile_s": [],
+                    "first_step_s": [],
+                    "curves": [],
+                    "errors": [],
+                },
             )
             if r.get("ok"):
                 m["tokens_per_s"].append(r["tokens_per_s"])
                 m["mfu"].append(mfu_of(r, r.get("mm_tflops")))
                 m["peak_gib"].append(r["peak_gib"])
                 m["compile_s"].append(r.get("compile_s", 0.0))
+                m["first_step_s"].append(r.get("first_step_s"))
                 m["curves"].append(r["losses"])
                 row.setdefault("flops", r.get("flops"))
             else:
@@ -625,6 +643,8 @@ def summarise(runs: list[dict]) -> list[dict]:
             peaks = [p for p in m["peak_gib"] if p is not None]
             m["peak"] = max(peaks) if peaks else None
             m["compile"] = statistics.median(m["compile_s"]) if m["compile_s"] else None
+            firsts = [x for x in m["first_step_s"] if x is not None]
+            m["first_step"] = statistics.median(firsts) if firsts else None
         loss_check(row)
         judge(row)
         rows.append(row)
@@ -672,6 +692,7 @@ def judge(row: dict) -> None:
         "oc/hc": ratio("ours_compile", "hf_compile"),
         "tp/liger": ratio("ours_tp", "liger"),
     }
+    row["recipes"] = e2e.recipe_ratios(tps)
     row["targets"] = {}
     if row["model"] not in DENSE:  # the targets are the dense rows'; MoE rows are reported
         return
@@ -819,10 +840,13 @@ def print_report(rows: list[dict], runs: list[dict], meta: dict) -> None:
     for row in rows:
         for name in methods:
             m = row["methods"].get(name, {})
-            if m.get("compile") is not None and (name.endswith(e2e.COMPILED) or m["compile"] > 1.0):
+            if m.get("compile") is not None and (e2e.is_compiled(name) or m["compile"] > 1.0):
+                first = "" if m.get("first_step") is None else f", first step {m['first_step']:.1f} s"
                 print(
-                    f"  compile {label_of(row)} {name}: {m['compile']:.1f} s beyond the warm-up steps' median"
+                    f"  compile {label_of(row)} {name}: {m['compile']:.1f} s beyond the warm-up steps' median{first}"
                 )
+        for name, x in row.get("recipes", {}).items():
+            print(f"  {label_of(row)} {name}: {'-' if x is None else f'{x:.3f}'}")
     if meta.get("markdown"):
         print()
         for line in table_lines(rows, methods, markdown=True):

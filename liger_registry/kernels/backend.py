@@ -9,8 +9,11 @@ Backend choice, read at call time from ``LIGER_REGISTRY_BACKEND``:
   cannot run raises :class:`BackendError` listing every reason; there is no silent fallback.
 * ``torch``: always the PyTorch implementation.
 
-:meth:`Op.decide` is the one rule: it walks the reasons why Triton cannot serve the call lazily and stops at
-the first, so the common Triton call builds no list; the full list is built only when Triton is refused.
+:meth:`Op.decide` is the one rule. What it reads of the tensors (devices and dtypes) and of the environment is
+decided once per (op, ``LIGER_REGISTRY_BACKEND`` value, devices and dtypes of the call's tensors) and cached: a
+hot call pays one dictionary look-up and the op's own shape check (``extra_check``), not the walk over the
+reasons (docs/design/norm-host-overhead.md). The reasons are walked lazily on a miss, and the full list is
+built only when Triton is refused. Strides are not part of the key: no rule reads them.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ class BackendError(RuntimeError):
 
 def requested_backend() -> str:
     """The value of ``LIGER_REGISTRY_BACKEND`` (default ``auto``), validated; read on every call."""
-    raw = os.environ.get(ENV_VAR, "auto")
+    return _validated(os.environ.get(ENV_VAR, "auto"))
+
+
+def _validated(raw: str) -> str:
     value = raw.strip().lower()
     if value not in BACKENDS:
         raise ValueError(f"{ENV_VAR}={raw!r} is not a valid backend; expected one of {', '.join(BACKENDS)}")
@@ -94,24 +100,46 @@ class Op:
     dtypes: tuple[torch.dtype, ...] = TRITON_DTYPES
     extra_check: Callable[..., list[str]] | None = None
 
-    def _why_not(self, backend: str, tensors: list, args: tuple, kwargs: dict) -> Iterator[str]:
+    def _static_reasons(self, backend: str, tensors: list) -> Iterator[str]:
+        """Reasons read from the op, the installation and the tensors' devices and dtypes (what the cache keys)."""
         if self.triton_impl is None:
             yield f"op {self.name} has no Triton implementation"
         if not _TRITON_OK:  # pragma: no cover
             yield "triton is not installed"
         yield from tensor_reasons(tensors, self.dtypes, backend)
+
+    def _why_not(self, backend: str, tensors: list, args: tuple, kwargs: dict) -> Iterator[str]:
+        yield from self._static_reasons(backend, tensors)
         if self.extra_check is not None and args:
             yield from self.extra_check(*args, **kwargs)
 
-    def _decide(self, tensors: list, args: tuple, kwargs: dict) -> tuple[str, list[str]]:
-        backend = requested_backend()
+    def _static_decision(self, raw: str, tensors: list) -> tuple[str, tuple[str, ...], str]:
+        """``(requested backend, static reasons, backend when no shape check objects)``, cached per key; under
+        torch.compile computed afresh (dynamo folds it to constants and guards on what it read, not on a cache)."""
+        if torch.compiler.is_compiling():
+            return self._fresh_decision(raw, tensors)
+        key = (id(self), raw, *[(t.device, t.dtype) for t in tensors])
+        hit = _DECISIONS.get(key)
+        if hit is None or hit[0] is not self:
+            hit = (self, *self._fresh_decision(raw, tensors))
+            _DECISIONS[key] = hit
+        return hit[1:]
+
+    def _fresh_decision(self, raw: str, tensors: list) -> tuple[str, tuple[str, ...], str]:
+        backend = _validated(raw)
         if backend == "torch":
-            return "torch", [f"{ENV_VAR}=torch"]
-        reasons = self._why_not(backend, tensors, args, kwargs)
-        first = next(reasons, None)
-        if first is None:
+            return backend, (f"{ENV_VAR}=torch",), "torch"
+        reasons = tuple(self._static_reasons(backend, tensors))
+        return backend, reasons, "torch" if reasons else "triton"
+
+    def _decide(self, tensors: list, args: tuple, kwargs: dict) -> tuple[str, list[str]]:
+        backend, reasons, chosen = self._static_decision(os.environ.get(ENV_VAR, "auto"), tensors)
+        if backend == "torch":
+            return "torch", list(reasons)
+        extra = self.extra_check(*args, **kwargs) if self.extra_check is not None and args else ()
+        if chosen == "triton" and not extra:
             return "triton", []
-        every = [first, *reasons]
+        every = [*reasons, *extra]
         if backend == "auto":
             return "torch", every
         raise BackendError(f"{ENV_VAR}=triton but op {self.name} cannot run on Triton: " + "; ".join(every))
@@ -135,6 +163,15 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
+# (id of the op, LIGER_REGISTRY_BACKEND's raw value, (device, dtype) of each tensor) -> (the op, which the entry
+# keeps alive so that its id is not reused, and Op._static_decision's answer)
+_DECISIONS: dict[tuple, tuple] = {}
+
+
+def clear_decisions() -> None:
+    """Forget the cached backend decisions (after changing what a rule reads other than the environment variable
+    and the tensors, e.g. a test that patches whether triton loaded in interpreter mode)."""
+    _DECISIONS.clear()
 
 
 def register(op: Op) -> Op:

@@ -554,3 +554,114 @@ def test_llama4_moe_cpu_smoke(tmp_path: Path) -> None:
     rows = {r["method"]: r for r in _json(tmp_path, "bench_moe-llama4")["rows"]}
     assert set(rows) == {"hf", "ours"}
     assert rows["hf"]["rel_diff"] == 0.0 and rows["ours"]["rel_diff"] < 1e-5
+
+
+def test_ops_cpu_smoke_reports_each_phase_of_every_op(tmp_path: Path) -> None:
+    from benchmarks import ops as bench_ops
+
+    assert bench_ops.main(["--cpu-smoke", "--tokens", "32,64", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("bench_ops-smoke_*.json")
+    payload = json.loads(path.read_text())
+    rows = payload["rows"]
+    assert payload["copy_gbs"] > 0 and not payload["errors"]
+    assert {(r["op"].split()[0], r["tokens"]) for r in rows} == {
+        (op, n)
+        for op in ("RMSNorm", "RoPE", "SwiGLU", "GeGLU", "LayerNorm", "CrossEntropy")
+        for n in (32, 64)
+    }
+    for r in rows:
+        for method in ("ours", "eager"):
+            assert r[f"{method}_ms"] > 0 and r[f"{method}_fwd_ms"] > 0
+            assert r[f"{method}_fwd_frac_copy"] > 0
+
+
+def test_ops_backward_is_the_step_less_the_forward_against_the_copy() -> None:
+    from benchmarks import ops as bench_ops
+
+    row = {"bytes_fwd": 2e9, "bytes_bwd": 3e9, "bytes": 5e9, "ours_ms": 3.0, "ours_fwd_ms": 1.0}
+    row.update(ours_kernel_ms=2.5, ours_fwd_kernel_ms=1.0, peer_ms=6.0, peer_fwd_ms=7.0)
+    bench_ops._ratios(row, copy_gbs=4000.0)
+    assert row["ours_bwd_ms"] == pytest.approx(2.0) and row["ours_bwd_kernel_ms"] == pytest.approx(1.5)
+    assert row["ours_fwd_gbs"] == pytest.approx(2000.0) and row["ours_fwd_frac_copy"] == pytest.approx(0.5)
+    assert row["ours_bwd_kernel_frac_copy"] == pytest.approx(0.5)  # 3e9 B in 1.5 ms = 2000 GB/s
+    assert row["ours_vs_peer"] == pytest.approx(0.5) and row["bar_met"]
+    assert row["peer_bwd_ms"] is None and "peer_bwd_gbs" not in row  # a step timed below its forward: noise
+
+
+def test_compile_recipes_by_method_name() -> None:
+    module = bench_e2e
+    assert module.recipe_of("ours_compile_regional") == ("ours", ("layers", None))
+    assert module.recipe_of("hf_compile_autotune") == ("hf", ("model", "max-autotune-no-cudagraphs"))
+    assert module.recipe_of("ours_compile_cudagraphs") == ("ours", ("model", "reduce-overhead"))
+    assert (
+        module.recipe_of("ours_compile") == ("ours", ("model", None))
+        and module.recipe_of("ours_tp")[1] is None
+    )
+    assert not module.is_compiled("ours_tp") and module.is_compiled("hf_compile_regional")
+    assert set(module.OPT_IN) <= set(bench_step.OPT_IN)
+    with pytest.raises(SystemExit):
+        module.parse(["--methods", "ours_compile_fast"])
+    tps = {
+        "ours": 100.0,
+        "hf_compile_regional": 80.0,
+        "ours_compile_regional": 96.0,
+        "ours_compile_autotune": 90.0,
+    }
+    ratios = module.recipe_ratios(tps)
+    assert ratios["ours_compile_regional/hf_compile_regional"] == 96.0 / 80.0
+    assert (
+        ratios["ours_compile_autotune/ours"] == 0.9
+        and ratios["ours_compile_autotune/hf_compile_autotune"] is None
+    )
+
+
+def test_regional_recipe_compiles_each_decoder_layer_and_leaves_the_rest(monkeypatch) -> None:
+    """`_compile_regional` compiles every decoder layer's module in place (what transformers and torchtitan
+    recommend) and returns the model itself; the other recipes wrap the whole model with the recipe's mode, which
+    a backend other than inductor is not given."""
+    import torch
+
+    job = {"model": "llama", "layers": 2, "smoke": True, "dtype": torch.float32}
+    model, _ = bench_e2e.build_model(job, "cpu")
+    compiled = []
+    monkeypatch.setattr(
+        torch.nn.Module, "compile", lambda self, **kw: compiled.append((type(self).__name__, kw))
+    )
+    assert bench_e2e.compile_model(model, "ours_compile_regional", "inductor") is model
+    assert compiled == [("LlamaDecoderLayer", {"backend": "inductor"})] * 2
+    wrapped = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: wrapped.append((m, kw)) or m)
+    bench_e2e.compile_model(model, "hf_compile_cudagraphs", "inductor")
+    bench_e2e.compile_model(model, "hf_compile_autotune", "aot_eager")
+    assert wrapped == [
+        (model, {"backend": "inductor", "mode": "reduce-overhead"}),
+        (model, {"backend": "aot_eager"}),
+    ]
+    # bench_step's --compile layers makes the plain recipe regional
+    compiled.clear()
+    assert bench_step.compile_model(model, {"method": "hf_compile", "compile": "layers"}) is model
+    assert len(compiled) == 2
+
+
+def test_e2e_cpu_smoke_runs_the_compile_recipes(tmp_path: Path) -> None:
+    methods = "ours_compile_regional,hf_compile_autotune"
+    args = ["--cpu-smoke", "--models", "llama", "--layers", "2", "--repeats", "1", "--methods", methods]
+    _run("e2e", *args, "--compile-backend", "aot_eager", "--out", str(tmp_path))
+    data = _json(tmp_path, "bench_e2e")
+    runs = {r["method"]: r for r in data["runs"]}
+    for r in runs.values():
+        assert r["ok"], r.get("error")
+        assert r["first_step_s"] > 0 and r["compile_s"] >= 0 and all(math.isfinite(x) for x in r["losses"])
+    (row,) = data["rows"]
+    assert set(row["recipes"]) == {"ours_compile_regional/hf_compile_regional", "ours_compile_regional/ours"}
+
+
+def test_step_recipes_are_compiled_methods_with_their_repeats_and_time() -> None:
+    args = bench_step.parse(
+        ["--models", "llama3_2_1b", "--shapes", "2x4096", "--methods", "ours,ours_compile_regional"]
+        + ["--repeats", "2", "--compile-repeats", "1", "--no-noise", "--compile-backend", "aot_eager"]
+    )
+    jobs = bench_step.jobs_of(args)
+    regional = [j for j in jobs if j["method"] == "ours_compile_regional"]
+    assert len(regional) == 1 and len([j for j in jobs if j["method"] == "ours"]) == 2
+    assert regional[0]["timeout_s"] == 2 * args.timeout_s and regional[0]["compile_backend"] == "aot_eager"

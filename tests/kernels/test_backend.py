@@ -130,3 +130,43 @@ def test_variants_run_triton_on_cuda():
     x = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16)
     ops = ("rope_variant", "glu_fused", "swiglu_clamped", "relu_squared", "add_rms_norm")
     assert all(K.OPS[op].decide(x)[0] == "triton" for op in ops)
+
+
+def test_decision_is_cached_per_device_dtype_and_setting(monkeypatch):
+    """The rule's walk over the reasons runs once per (op, setting, devices and dtypes); a hot call only looks
+    it up, and a changed setting or dtype is a new key (not a stale answer)."""
+    from liger_registry.kernels import backend
+
+    walks = []
+    real = backend.tensor_reasons
+    monkeypatch.setattr(backend, "tensor_reasons", lambda *a: walks.append(1) or real(*a))
+    backend.clear_decisions()
+    monkeypatch.setenv(K.ENV_VAR, "auto")
+    x = torch.randn(2, 8)
+    for _ in range(3):
+        assert K.OPS["swiglu"].decide(x, x) == ("torch", ["tensor on cpu and backend is auto"])
+    assert len(walks) == 1
+    assert "dtype float64 not supported" in K.OPS["swiglu"].decide(x.double(), x.double())[1]
+    assert len(walks) == 2
+    monkeypatch.setenv(K.ENV_VAR, "torch")
+    assert K.OPS["swiglu"].decide(x, x) == ("torch", ["LIGER_REGISTRY_BACKEND=torch"])
+    monkeypatch.setenv(K.ENV_VAR, "triton")
+    with pytest.raises(K.BackendError, match="float64"):  # a cached refusal still raises, every time
+        K.OPS["swiglu"].decide(x.double(), x.double())
+    with pytest.raises(K.BackendError, match="float64"):
+        K.OPS["swiglu"].decide(x.double(), x.double())
+    backend.clear_decisions()
+
+
+def test_cached_decision_still_applies_the_shape_check(monkeypatch):
+    """The op's shape check is not part of the key: a wide row after a narrow one on the same device and dtype
+    is still refused."""
+    from liger_registry.kernels import backend
+
+    monkeypatch.setenv(K.ENV_VAR, "auto")
+    spec = backend.TensorSpec(torch.device("cuda"), torch.float32)
+    op = K.OPS["rms_norm"]
+    narrow, wide = torch.empty(2, 8, device="meta"), torch.empty(2, 70000, device="meta")
+    assert op._decide([spec], (narrow,), {}) == ("triton", [])
+    backend_, reasons = op._decide([spec], (wide,), {})
+    assert backend_ == "torch" and reasons == ["last dimension 70000 > 65536 not supported by the row kernel"]

@@ -60,3 +60,30 @@ def test_fake_that_disagrees_with_the_kernel_is_caught():
 def test_setup_without_backward_is_refused():
     with pytest.raises(TypeError, match="go together"):
         define_op("test_define_half", _double_impl, setup=_double_setup)
+
+
+def test_fast_apply_records_the_same_graph_as_apply_and_defers_to_it_under_transforms():
+    """fast_apply skips Function.apply's Python layer only outside functorch transforms: the graph node and the
+    gradient are apply's; under torch.func.grad it behaves exactly as apply (which refuses a Function without
+    setup_context)."""
+    from liger_registry.kernels.define import fast_apply
+
+    x = torch.randn(3, requires_grad=True)
+    y = DOUBLE.eager(x, "torch")
+    assert type(y.grad_fn).__name__ == "test_define_double_eagerBackward"
+    (g,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(g, torch.full_like(x, 2.0))
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda t: DOUBLE.eager(t, "torch").sum())(x.detach())
+
+    class WithSetup(torch.autograd.Function):
+        @staticmethod
+        def forward(x):
+            return x
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            pass
+
+    with pytest.raises(TypeError, match="setup_context needs Function.apply"):
+        fast_apply(WithSetup)

@@ -66,7 +66,8 @@ def _rms_norm_bwd_impl(
     return dx, dw if dw is not None else _no_grad_of(weight, x)
 
 
-rms_norm_bwd = define_op("rms_norm_bwd", _rms_norm_bwd_impl)
+# RMSNorm's forward and backward are triton_ops: under torch.compile inductor sees their kernels (define.py)
+rms_norm_bwd = define_op("rms_norm_bwd", _rms_norm_bwd_impl, triton_op=True)
 
 
 def _rms_norm_bwd_in_place_impl(
@@ -121,7 +122,7 @@ def _rms_backward_in_place(ctx, dy, _drstd):
 
 
 rms_norm_fwd = define_op(
-    "rms_norm_fwd", _rms_norm_fwd_impl, setup=_rms_setup, backward=_rms_backward, aux=(1,)
+    "rms_norm_fwd", _rms_norm_fwd_impl, setup=_rms_setup, backward=_rms_backward, aux=(1,), triton_op=True
 )
 # The same op with the in-place backward, eager only: it overwrites the gradient autograd hands it, which an
 # AOT-traced backward cannot express (the incoming gradients are graph inputs it does not mutate).

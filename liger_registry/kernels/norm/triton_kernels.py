@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import triton_utils as tu
+from ..define import launches_traced, traceable
 
 _MODES = {"llama": 0, "gemma": 1, "none": 2}
 SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program of the partial-sum kernel
@@ -27,9 +28,14 @@ SUM_BLOCK_P, SUM_BLOCK_C = 32, 64  # partial rows per step, columns per program 
 BWD_WARP_FACTOR = 1
 
 
-@functools.cache
 def _row_launch(n_cols: int, warp_factor: int = 1) -> tuple[int, int]:
-    """(BLOCK, num_warps) of a row kernel over ``n_cols`` columns (one row per block, made once per width)."""
+    """(BLOCK, num_warps) of a row kernel over ``n_cols`` columns (one row per block, made once per width). A
+    symbolic width (a launch traced with dynamic shapes) is specialised: BLOCK is a compile-time constant."""
+    return _row_launch_of(int(n_cols), warp_factor)
+
+
+@functools.cache
+def _row_launch_of(n_cols: int, warp_factor: int) -> tuple[int, int]:
     block = triton.next_power_of_2(n_cols)
     return block, min(32, tu.warps_for(block) * warp_factor)
 
@@ -56,8 +62,11 @@ def _sum_parts(parts: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
     """Each [P, H] fp32 slice of ``parts`` [S, P, H] (S = 1 or 2) summed over P, as a new [H] tensor of ``dtype``."""
     sets, n_parts, h = parts.shape
     outs = [torch.empty(h, dtype=dtype, device=parts.device) for _ in range(sets)]
-    _sum_parts_kernel[(tu.cdiv(h, SUM_BLOCK_C), sets)](
-        parts, outs[0], outs[-1], n_parts, h, BLOCK_P=SUM_BLOCK_P, BLOCK_C=SUM_BLOCK_C, num_warps=4
+    # OUT1 of one set is never written; a traced launch must not pass it as OUT0's alias (the functional kernel
+    # node would return OUT1's unwritten copy as the result)
+    out1 = outs[-1] if sets == 2 or not launches_traced() else torch.empty_like(outs[0])
+    traceable(_sum_parts_kernel)[(tu.cdiv(h, SUM_BLOCK_C), sets)](
+        parts, outs[0], out1, n_parts, h, BLOCK_P=SUM_BLOCK_P, BLOCK_C=SUM_BLOCK_C, num_warps=4
     )
     return outs
 
@@ -159,7 +168,7 @@ def _rms_bwd_launch(dy, ds, x2, weight, rstd, dx, offset: float, casting_mode: s
         block, warps = _row_launch(h, BWD_WARP_FACTOR)
         dy2 = x2 if dy is None else dy
         ds2 = x2 if ds is None else ds
-        _rms_bwd_kernel[(progs,)](
+        traceable(_rms_bwd_kernel)[(progs,)](
             dy2, dy2.stride(0), ds2, ds2.stride(0), x2, x2.stride(0), _weight_arg(weight, x2), rstd, dx,
             dx.stride(0), rstd if dw_part is None else dw_part, n, h, float(offset), per, MODE=_MODES[casting_mode],
             HAS_W=weight is not None, HAS_DY=dy is not None, HAS_DS=ds is not None, HAS_DW=need_dw, BLOCK=block,
@@ -178,7 +187,7 @@ def launch_rms_norm_fwd(
     rstd = torch.empty(n, dtype=torch.float32, device=x.device)
     if n:
         block, warps = _row_launch(h)
-        _rms_fwd_kernel[(n,)](
+        traceable(_rms_fwd_kernel)[(n,)](
             x2,
             x2.stride(0),
             _weight_arg(weight, x2),
