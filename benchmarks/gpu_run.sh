@@ -3,9 +3,11 @@
 # bench's cce rows), then runs the chosen parts, each under its own time limit; one log (run.log) and the benches'
 # result files (JSON, PNG, measurements.csv) under $OUT (default benchmarks/results).
 # Usage: LIMIT_S=SECONDS bash benchmarks/gpu_run.sh PART...   (default parts: tests flce e2e)
-#   tests          the GPU tests (pytest -m gpu; over GPU_TEST_WORKERS xdist processes where xdist is installed): tests/kernels, tests/alignment/test_gpu_alignment.py,
-#                  tests/integrations/test_checkpointing.py, test_hub_kernels.py (transformers' kernel mapping: carry the
-#                  kernels wheel that the installed transformers accepts); summary JSON in $OUT/gpu_tests.json
+#   tests          the GPU tests (pytest -m gpu, over GPU_TEST_WORKERS xdist processes where xdist is installed):
+#                  tests/kernels, tests/alignment/test_gpu_alignment.py and test_trl_head.py (GRPOTrainer with our
+#                  head), tests/integrations/test_checkpointing.py and test_hub_kernels.py (transformers' kernel
+#                  mapping: carry the kernels wheel that the installed transformers accepts); summary JSON in
+#                  $OUT/gpu_tests.json
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
 #                  transformers), compile-check rules
 #   parity         bf16 GPU parity suite (tests/convergence, without the with-logits runs), strategy as planned
@@ -125,7 +127,7 @@ PY
 for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-300}" 30 \
-             $PYTEST $WORKERS -s -m gpu tests/kernels tests/alignment/test_gpu_alignment.py \
+             $PYTEST $WORKERS -s -m gpu tests/kernels tests/alignment/test_gpu_alignment.py tests/alignment/test_trl_head.py \
              tests/integrations/test_checkpointing.py tests/integrations/test_hub_kernels.py
            join_reports "$OUT/gpu_tests.json" ;;
     fidelity) part fidelity "${T_FIDELITY:-180}" 12 $PYTEST $WORKERS tests/kernels/test_opcheck.py \

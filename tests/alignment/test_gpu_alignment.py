@@ -13,7 +13,7 @@ from alignment_refs import IGNORE, divergence, dpo, grads, grpo, kto, orpo, simp
 
 from liger_registry.alignment import distillation_loss, dpo_loss, grpo_loss, kto_loss, orpo_loss, simpo_loss
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 TOL = 2e-2  # bf16 operands, fp32 accumulation
 ROWS, SEQ, HID, VOCAB = 4, 256, 512, 32000

@@ -11,6 +11,8 @@ from liger_registry.kernels import triton_utils
 from liger_registry.testing import tiny_batch, tiny_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# on CPU (the interpreter) in every run, and on CUDA where the GPU runner selects the gpu marker
+pytestmark = pytest.mark.gpu
 
 
 def loss_and_grads(model, batch):
