@@ -44,7 +44,9 @@ def tiny_config(model_type: str, registry: Registry | None = None, **overrides: 
     for sub in configs:  # a multimodal config's language model gets the small sizes too
         known = sub.to_dict()
         _update(sub, {k: v for k, v in SMALL.items() if k in known})
-    _update(config, {**entry.tiny_config, **overrides})
+    _update(config, entry.tiny_config)
+    # after the entry, not merged into it: a nested dict then updates the entry's nested sizes instead of replacing them
+    _update(config, overrides)
     return config
 
 
