@@ -7,7 +7,8 @@
 #                  tests/kernels, tests/alignment/test_gpu_alignment.py and test_trl_head.py (GRPOTrainer with our
 #                  head), tests/integrations/test_checkpointing.py and test_hub_kernels.py (transformers' kernel
 #                  mapping: carry the kernels wheel that the installed transformers accepts); summary JSON in
-#                  $OUT/gpu_tests.json
+#                  $OUT/gpu_tests.json; then, one at a time, those marked exclusive (they time a call or read a
+#                  memory peak; gpu_tests_exclusive.json)
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
 #                  transformers), compile-check rules
 #   parity         bf16 GPU parity suite (tests/convergence, without the with-logits runs), strategy as planned
@@ -106,6 +107,8 @@ probe() {  # probe NAME LIMIT TAIL_LINES MODULE ARGS...: python -m benchmarks.pr
   part "$name" "$limit" "$lines" python3 -m "benchmarks.probes.$module" "$@"
 }
 PYTEST="python3 -m pytest -q -p no:cacheprovider"
+GPU_TESTS="tests/kernels tests/alignment/test_gpu_alignment.py tests/alignment/test_trl_head.py
+  tests/integrations/test_checkpointing.py tests/integrations/test_hub_kernels.py"
 # the test parts spread over GPU_TEST_WORKERS pytest-xdist processes (default 8) where xdist is installed (carry its
 # wheels in .whl/): they spend most of their time compiling kernels, which is host work
 WORKERS=""
@@ -127,9 +130,11 @@ PY
 for p in ${*:-tests flce e2e}; do
   case $p in
     tests) GPU_TEST_REPORT=$OUT/gpu_tests.json part tests "${T_TESTS:-300}" 30 \
-             $PYTEST $WORKERS -s -m gpu tests/kernels tests/alignment/test_gpu_alignment.py tests/alignment/test_trl_head.py \
-             tests/integrations/test_checkpointing.py tests/integrations/test_hub_kernels.py
-           join_reports "$OUT/gpu_tests.json" ;;
+             $PYTEST $WORKERS -s -m "gpu and not exclusive" $GPU_TESTS
+           join_reports "$OUT/gpu_tests.json"
+           # the tests that time a call or read a memory peak, one at a time: other processes would move them
+           GPU_TEST_REPORT=$OUT/gpu_tests_exclusive.json part tests-exclusive "${T_TESTS_EXCLUSIVE:-90}" 20 \
+             $PYTEST -s -m "gpu and exclusive" $GPU_TESTS ;;
     fidelity) part fidelity "${T_FIDELITY:-180}" 12 $PYTEST $WORKERS tests/kernels/test_opcheck.py \
                 tests/kernels/test_compile_variants.py tests/convergence/test_moe_router_logits.py \
                 tests/integrations/test_compile_families.py -k "not test_inductor_compile_with_triton" ;;

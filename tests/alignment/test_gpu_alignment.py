@@ -144,6 +144,7 @@ def test_bf16_rl_losses_match_their_fp64_cpu_run(options):
         assert _rel(got.cpu(), ref) < TOL
 
 
+@pytest.mark.exclusive
 def test_the_entropy_path_takes_a_fraction_of_the_logits_memory():
     h, w, b, t = _batch()
     logits_bytes = ROWS * SEQ * VOCAB * 4
@@ -158,6 +159,7 @@ def test_the_entropy_path_takes_a_fraction_of_the_logits_memory():
     assert fused_peak < logits_bytes / 4, (fused_peak, logits_bytes)
 
 
+@pytest.mark.exclusive
 def test_the_losses_take_a_fraction_of_the_logits_memory():
     h, w, b, t = _batch()
     logits_bytes = ROWS * SEQ * VOCAB * 4

@@ -964,6 +964,7 @@ def _median_ms(fn, reps: int = 10) -> float:
     return sorted(times)[len(times) // 2]
 
 
+@pytest.mark.exclusive
 @gpu
 def test_flce_bad_labels_raise_and_the_check_is_cheap(monkeypatch):
     """The Triton path refuses out-of-range labels (no out-of-bounds read), and the label check (one aminmax and

@@ -401,6 +401,7 @@ def _vocab_step_and_peak(hidden, weight, target):
     return out.detach(), dh, dw, (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+@pytest.mark.exclusive
 @gpu
 @pytest.mark.parametrize("bt", [2048, 4096])
 def test_flce_vocab_scratch_same_grads_and_no_more_memory(monkeypatch, bt):

@@ -436,6 +436,7 @@ def test_falcon_h1_mlp_bf16_as_unpatched():
     bits_check("FalconH1MLP output", ours, ref, max_ulps=8, max_differing=0.05)
 
 
+@pytest.mark.exclusive
 @gpu
 @pytest.mark.parametrize("in_place", [False, True])
 def test_glu_backward_peak_in_place(in_place):
