@@ -634,9 +634,21 @@ def _float64_grads(hidden, weight, bias, target, reduction, go, opts):
     return loss, torch.autograd.grad(loss, trainable, go.double())
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("opts", FORWARD_FORMED, ids=lambda o: "-".join(o) or "plain")
+REDUCTIONS = ("mean", "sum", "none")
+# every reduction under both strategies without options; each option set under both strategies, the reductions in
+# turn (an option enters the row kernel, a reduction only the scaling of the chunk loop's output)
+FORWARD_FORMED_CASES = [({}, r, s) for r in REDUCTIONS for s in STRATEGIES] + [
+    (opts, REDUCTIONS[(i + j) % 3], s)
+    for i, opts in enumerate(FORWARD_FORMED[1:])
+    for j, s in enumerate(STRATEGIES)
+]
+
+
+@pytest.mark.parametrize(
+    "opts,reduction,strategy",
+    FORWARD_FORMED_CASES,
+    ids=["-".join([*o, r, s]) if o else f"plain-{r}-{s}" for o, r, s in FORWARD_FORMED_CASES],
+)
 def test_gradients_formed_in_the_forward_vs_float64(backend, opts, reduction, strategy, monkeypatch):
     """mean / sum: the chunk loop runs once, in the forward, and forms every gradient there (the token strategy:
     per chunk the logits, dX and dW GEMMs, three in all); the backward only scales them by grad_output.
