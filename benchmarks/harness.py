@@ -308,10 +308,21 @@ def _version(module: str) -> str | None:
         return None
 
 
+COMMIT_VARIABLE = "BENCH_COMMIT"
+
+
 def commit() -> str | None:
+    """$BENCH_COMMIT when set (a copy of the checkout whose git metadata is not its own), else
+    ``git describe --always --dirty``: a tree that differs from its commit says so."""
+    if named := os.environ.get(COMMIT_VARIABLE):
+        return named
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None

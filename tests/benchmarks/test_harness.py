@@ -126,6 +126,11 @@ def test_capture_env_names_versions_and_commit() -> None:
     assert env["commit"] is None or len(env["commit"]) >= 7
 
 
+def test_the_commit_named_in_the_environment_wins(monkeypatch) -> None:
+    monkeypatch.setenv(harness.COMMIT_VARIABLE, "6bca3fa")
+    assert harness.capture_env()["commit"] == "6bca3fa"
+
+
 ENV = {"device": "NVIDIA H100 80GB HBM3", "device_slug": "h100", "commit": "abc1234"}
 ENV |= {"torch": "2.13.0", "triton": "3.9.0", "transformers": "5.25.0"}
 
