@@ -11,7 +11,8 @@
 #                  memory peak; gpu_tests_exclusive.json)
 #   fidelity       custom ops on CUDA: opcheck of every op x layout, compiled variants, MoE router logits (installed
 #                  transformers), compile-check rules
-#   parity         bf16 GPU parity suite (tests/convergence, without the with-logits runs), strategy as planned
+#   parity         bf16 GPU parity suite (tests/convergence, without the with-logits runs), strategy as planned, over
+#                  GPU_TEST_WORKERS processes like the test parts (no parity test times a call or reads a peak)
 #   parity-logits  bf16 with-logits parity of every family with a head (FLCE off, cross_entropy on)
 #   parity-tokens  the parity suite with every apply() forcing the token-chunked FLCE; parity-vocab: vocab-chunked
 #                  (the pytest plugin tests/convergence/force_flce_strategy.py)
@@ -138,11 +139,11 @@ for p in ${*:-tests flce e2e}; do
     fidelity) part fidelity "${T_FIDELITY:-180}" 12 $PYTEST $WORKERS tests/kernels/test_opcheck.py \
                 tests/kernels/test_compile_variants.py tests/convergence/test_moe_router_logits.py \
                 tests/integrations/test_compile_families.py -k "not test_inductor_compile_with_triton" ;;
-    parity) part parity "${T_PARITY:-300}" 60 $PYTEST -m gpu tests/convergence -k "not with_logits" ;;
-    parity-logits) part parity-logits "${T_PARITY:-300}" 90 $PYTEST -m gpu tests/convergence -k with_logits ;;
+    parity) part parity "${T_PARITY:-300}" 60 $PYTEST $WORKERS -m gpu tests/convergence -k "not with_logits" ;;
+    parity-logits) part parity-logits "${T_PARITY:-300}" 90 $PYTEST $WORKERS -m gpu tests/convergence -k with_logits ;;
     parity-tokens|parity-vocab)
       FORCE_FLCE_STRATEGY=${p#parity-} PYTHONPATH=$PYTHONPATH:$PWD/tests/convergence part "$p" "${T_PARITY:-300}" 60 \
-        $PYTEST -p force_flce_strategy -m gpu tests/convergence -k "not with_logits" ;;
+        $PYTEST $WORKERS -p force_flce_strategy -m gpu tests/convergence -k "not with_logits" ;;
     flce) bench flce "${T_FLCE:-420}" 100 flce $FLCE_ARGS ;;
     flce-quick) bench flce-quick "${T_FLCE:-150}" 60 flce --quick $FLCE_ARGS ;;
     flce-strategies) bench flce-strategies "${T_FLCE:-300}" 40 flce --strategies $FLCE_ARGS ;;
