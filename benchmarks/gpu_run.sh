@@ -5,7 +5,8 @@
 # Usage: LIMIT_S=SECONDS bash benchmarks/gpu_run.sh PART...   (default parts: tests flce e2e)
 #   tests          the GPU tests (pytest -m gpu, over GPU_TEST_WORKERS xdist processes where xdist is installed):
 #                  tests/kernels, tests/alignment/test_gpu_alignment.py and test_trl_head.py (GRPOTrainer with our
-#                  head), tests/integrations/test_checkpointing.py and test_hub_kernels.py (transformers' kernel
+#                  head), tests/integrations/test_checkpointing.py, test_trl_flag.py (TRL's use_liger_kernel
+#                  route; carry the trl and datasets wheels) and test_hub_kernels.py (transformers' kernel
 #                  mapping: carry the kernels wheel that the installed transformers accepts); summary JSON in
 #                  $OUT/gpu_tests.json; then, one at a time, those marked exclusive (they time a call or read a
 #                  memory peak; gpu_tests_exclusive.json)
@@ -109,7 +110,7 @@ probe() {  # probe NAME LIMIT TAIL_LINES MODULE ARGS...: python -m benchmarks.pr
 }
 PYTEST="python3 -m pytest -q -p no:cacheprovider"
 GPU_TESTS="tests/kernels tests/alignment/test_gpu_alignment.py tests/alignment/test_trl_head.py
-  tests/integrations/test_checkpointing.py tests/integrations/test_hub_kernels.py"
+  tests/integrations/test_checkpointing.py tests/integrations/test_hub_kernels.py tests/integrations/test_trl_flag.py"
 # the test parts spread over GPU_TEST_WORKERS pytest-xdist processes (default 8) where xdist is installed (carry its
 # wheels in .whl/): they spend most of their time compiling kernels, which is host work
 WORKERS=""

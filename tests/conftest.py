@@ -48,6 +48,19 @@ def _memoise_yaml_parsing() -> None:
 _memoise_yaml_parsing()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test skipped for want of CUDA runs only where the GPU runner selects it (``-m gpu``): one without the
+    marker would be skipped here and deselected there, never run."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("gpu") is None
+        and any("CUDA" in str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif"))
+    ]
+    if unmarked:
+        raise pytest.UsageError("skipped without CUDA but not marked gpu: " + ", ".join(unmarked))
+
+
 @pytest.fixture(params=["torch", "triton"])
 def glu_backend(request, monkeypatch):
     """The GLU tests' backend: PyTorch, or Triton (through the interpreter on CPU) with the elementwise kernels'

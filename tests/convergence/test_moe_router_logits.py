@@ -19,7 +19,10 @@ DEVICES = [
     pytest.param(
         "cuda",
         id="gpu",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available"),
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available"),
+        ],
     ),
 ]
 

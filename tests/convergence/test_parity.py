@@ -67,6 +67,7 @@ def test_cpu_fp32_chunk_constants(family: str, chunk_mem_const: int) -> None:
     _check(run_parity(family, "cpu", torch.float32, chunk_mem_const), FP32)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gpu_bf16(family: str) -> None:
@@ -86,6 +87,7 @@ def test_cpu_fp32_moe_experts_switched_off(family: str) -> None:
     _check(_without_experts_kernel(family, "cpu", torch.float32), FP32)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
 @pytest.mark.parametrize("family", MOE_SWITCHED_OFF)
 def test_gpu_bf16_moe_experts_switched_off(family: str) -> None:
@@ -93,6 +95,7 @@ def test_gpu_bf16_moe_experts_switched_off(family: str) -> None:
     _check(_without_experts_kernel(family, "cuda", torch.bfloat16), BF16)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
 @pytest.mark.parametrize(("family", "chunk_mem_const"), C_VARIANTS, ids=[f"{f}-C{c}" for f, c in C_VARIANTS])
 def test_gpu_bf16_chunk_constants(family: str, chunk_mem_const: int) -> None:
@@ -120,6 +123,7 @@ def test_cpu_fp32_with_logits(family: str) -> None:
     _check_with_logits(run_with_logits_parity(family, "cpu", torch.float32, steps=6), FP32)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
 @pytest.mark.parametrize("family", HEADED)
 def test_gpu_bf16_with_logits(family: str) -> None:

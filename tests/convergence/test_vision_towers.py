@@ -121,6 +121,7 @@ def test_cpu_fp32(family: str) -> None:
     _check(family, "cpu", torch.float32, 1e-5)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA is not available")
 @pytest.mark.parametrize("family", sorted(TOWERS))
 def test_gpu_bf16(family: str) -> None:

@@ -29,7 +29,10 @@ DECODER_KERNELS = {"rms_norm", "rope", "swiglu"}
 # on CUDA the decoder kernels run their Triton code (the H200 check of this route)
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+    ),
 ]
 
 
