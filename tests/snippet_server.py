@@ -1,4 +1,4 @@
-"""Runs scripts in processes forked from one interpreter that has imported torch, transformers and the package.
+"""Runs scripts in processes forked from one interpreter that has imported torch, transformers, Llama and the package.
 
 The docs' snippets each need a fresh process (their own namespace, patches and cwd), but importing torch and
 transformers is most of a small snippet's time; a fork starts from those imports. Protocol: one JSON line per
@@ -18,8 +18,11 @@ import traceback
 
 import torch  # noqa: F401  (the imports every snippet would pay for)
 import transformers  # noqa: F401
+import transformers.models.llama.modeling_llama  # noqa: F401  (most snippets build a tiny Llama: 2 s of imports)
 
 import liger_registry  # noqa: F401
+import liger_registry.kernels  # noqa: F401
+import liger_registry.testing  # noqa: F401
 
 
 def _child(script: str, cwd: str, timeout: int) -> None:
