@@ -48,22 +48,9 @@ def _memoise_yaml_parsing() -> None:
 _memoise_yaml_parsing()
 
 
-# Files of the longest CPU tests (inductor compiles, torchrun, snippet processes, the registry lint): run first,
-# so that pytest-xdist's workers finish together instead of one waiting on a 30-second test at the end.
-LONGEST_FIRST = (
-    "tests/integrations/test_compile_families.py",
-    "tests/distributed/",
-    "tests/test_docs.py",
-    "tests/benchmarks/test_bench_smoke.py",
-    "tests/test_lint.py",
-    "tests/integrations/test_checkpointing.py",
-)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest files first (``LONGEST_FIRST``). A test skipped for want of CUDA runs only where the GPU runner
-    selects it (``-m gpu``): one without the marker would be skipped here and deselected there, never run."""
-    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
+    """A test skipped for want of CUDA runs only where the GPU runner selects it (``-m gpu``): one without the
+    marker would be skipped here and deselected there, never run."""
     unmarked = [
         item.nodeid
         for item in items

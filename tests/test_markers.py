@@ -1,5 +1,4 @@
-"""The suite's own rules: a test skipped for want of CUDA carries the gpu marker, or the GPU runner never runs it;
-the longest files run first."""
+"""The suite's own rule: a test skipped for want of CUDA carries the gpu marker, or the GPU runner never runs it."""
 
 from pathlib import Path
 
@@ -37,17 +36,3 @@ def test_other_skips_and_marked_tests_pass(hook):
     other = pytest.mark.skipif(True, reason="needs trl").mark
     items = [_Item("t.py::a", other), _Item("t.py::b", pytest.mark.gpu.mark, CUDA_SKIP), _Item("t.py::c")]
     hook(None, items)
-
-
-def test_the_longest_files_run_first_in_their_order(hook):
-    items = [
-        _Item("tests/test_cli.py::a"),
-        _Item("tests/test_lint.py::b"),
-        _Item("tests/distributed/t.py::c"),
-    ]
-    hook(None, items)
-    assert [i.nodeid for i in items] == [
-        "tests/test_lint.py::b",
-        "tests/distributed/t.py::c",
-        "tests/test_cli.py::a",
-    ]
