@@ -477,6 +477,7 @@ def check_methods(row, fns, module, inp, cuda) -> dict:
         if isinstance(fn, BaseException):
             row["methods"][name] = {"error": reason(fn)}
             continue
+        start = time.perf_counter()
         try:
             m, got = check(fn, module, inp, ref, cuda, ours=name.startswith("ours"))
             if ref is None and name in REFERENCES:
@@ -490,6 +491,8 @@ def check_methods(row, fns, module, inp, cuda) -> dict:
                 traceback.print_exc()  # the transformers implementations' refusals are one line
         row["methods"][name] = m
         free(cuda)
+        # a shape whose case outlasts the caller's limit still says which method's first step took the time
+        print(f"    {name}: first step and numerics {time.perf_counter() - start:.1f} s", flush=True)
     return runnable
 
 
