@@ -2,6 +2,9 @@
 (CPU runs of the kernels). With a GPU the kernels compile for it (the tests marked gpu)."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch  # does not import triton
@@ -109,3 +112,28 @@ def pytest_terminal_summary(terminalreporter) -> None:
             write(line)
         for row, counts in table.items():
             write(row.format(*counts))
+
+
+@pytest.fixture
+def run_readme_snippet(tmp_path):
+    """Runs the ```python block that opens a README section as a user would (as tests/test_docs.py runs the docs'
+    snippets): on its own, in a fresh interpreter, offline, this checkout first on the path, CPU tensors on the
+    PyTorch path. ``run(title)`` asserts it exits 0 and returns its code and stdout."""
+    root = Path(__file__).resolve().parents[1]
+
+    def run(title: str) -> tuple[str, str]:
+        readme = (root / "README.md").read_text(encoding="utf-8")
+        body = readme[readme.index(f"## {title}\n") :].split("\n", 1)[1].lstrip("\n")
+        assert body.startswith("```python\n"), "the section opens with the snippet"
+        code = body.removeprefix("```python\n").split("\n```")[0]
+        script = tmp_path / "snippet.py"
+        script.write_text(code, encoding="utf-8")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(root)}
+        env.pop("TRITON_INTERPRET", None)
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        return code, done.stdout
+
+    return run

@@ -13,10 +13,6 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -718,27 +714,7 @@ def test_switches_a_function_forwards_reach_apply_class_wide():
         handle.revert()
 
 
-def _readme_section(title: str) -> str:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    start = readme.index(f"## {title}\n")
-    end = readme.find("\n## ", start + 1)
-    return readme[start : end if end > 0 else None]
-
-
-def test_the_readme_section_starts_with_a_before_after_snippet_that_runs(tmp_path):
-    """As tests/test_docs.py runs the docs' snippets: on its own, in a fresh interpreter, offline."""
-    section = _readme_section("Coming from liger-kernel")
-    body = section.split("\n", 1)[1].lstrip("\n")
-    assert body.startswith("```python\n"), "the section opens with the snippet"
-    code = body.removeprefix("```python\n").split("\n```")[0]
+def test_the_readme_section_starts_with_a_before_after_snippet_that_runs(run_readme_snippet):
+    code, stdout = run_readme_snippet("Coming from liger-kernel")
     assert "# before: from liger_kernel" in code and "from liger_registry.compat import" in code
-    script = tmp_path / "snippet.py"
-    script.write_text(code, encoding="utf-8")
-    root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": root}
-    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "family llama (instance)" in done.stdout
+    assert "family llama (instance)" in stdout

@@ -3,10 +3,7 @@ README's RL head section opens with a snippet that runs."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,17 +19,5 @@ def test_the_page_has_a_snippet_per_loss_and_one_for_trl():
     assert "add_fused_lm_head(" in text and "use_for_trl_fused_head()" in text
 
 
-def test_the_readme_rl_head_section_opens_with_a_snippet_that_runs(tmp_path):
-    """As tests/test_docs.py runs the docs' snippets: on its own, in a fresh interpreter."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index("## TRL's fused RL head (GRPOTrainer)\n")
-    body = readme[start:].split("\n", 1)[1].lstrip("\n")
-    assert body.startswith("```python\n"), "the section opens with the snippet"
-    script = tmp_path / "snippet.py"
-    script.write_text(body.removeprefix("```python\n").split("\n```")[0], encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+def test_the_readme_rl_head_section_opens_with_a_snippet_that_runs(run_readme_snippet):
+    run_readme_snippet("TRL's fused RL head (GRPOTrainer)")

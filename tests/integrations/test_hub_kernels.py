@@ -7,11 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -324,21 +320,8 @@ def test_trl_model_init_kwargs_build_the_model_with_our_layers(saved, tmp_path):
         unkernelize(trainer.model)
 
 
-def test_the_readme_section_opens_with_a_snippet_that_runs(tmp_path):
-    """As tests/test_docs.py runs the docs' snippets: on its own, in a fresh interpreter, offline."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    start = readme.index("## transformers' kernel mapping (use_kernels)\n")
-    body = readme[start:].split("\n", 1)[1].lstrip("\n")
-    assert body.startswith("```python\n"), "the section opens with the snippet"
-    script = tmp_path / "snippet.py"
-    script.write_text(body.removeprefix("```python\n").split("\n```")[0], encoding="utf-8")
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": root}
-    env.pop("TRITON_INTERPRET", None)  # as a user runs it: CPU tensors take the PyTorch path
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+def test_the_readme_section_opens_with_a_snippet_that_runs(run_readme_snippet):
+    run_readme_snippet("transformers' kernel mapping (use_kernels)")
 
 
 def test_trl_grpo_builds_policy_and_reference_model_from_one_config(saved, tmp_path):
