@@ -253,7 +253,8 @@ FUSED_LINEAR_CROSS_ENTROPY = register(
 )
 
 
-def _check_shapes(hidden, weight, target, bias, class_weights) -> None:
+def check_head_shapes(hidden, weight, target, bias, class_weights=None) -> None:
+    """A head's operands: hidden [N, H], weight [V, H], target [N], bias and class weights [V] (the RL head too)."""
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
             f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
@@ -294,7 +295,7 @@ def fused_linear_cross_entropy(
     -1 on ignored rows).
     """
     opts = options_from(options, option_fields)
-    _check_shapes(hidden, weight, target, bias, class_weights)
+    check_head_shapes(hidden, weight, target, bias, class_weights)
     weight_grad = weight.requires_grad and torch.is_grad_enabled()
     plan = plan_for(
         hidden.shape[0], hidden.shape[1], weight.shape[0], opts, hidden.dtype, hidden.device, weight_grad

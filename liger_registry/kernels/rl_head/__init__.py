@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..flce.op import check_head_shapes
 from .op import FUSED_LINEAR_LOGPROBS, tile_plan
 from .stats import OUTPUTS, flags_of
 
@@ -34,16 +35,9 @@ class RlHeadOutput(NamedTuple):
 
 
 def _check(hidden, weight, target, bias, temperature, softcap, logit_scale) -> None:
-    if hidden.dim() != 2 or weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(
-            f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
-        )
-    if target.shape != hidden.shape[:1] or target.dtype not in (torch.int64, torch.int32):
-        raise ValueError(
-            f"target must be int64 [N={hidden.shape[0]}]; got {target.dtype} {tuple(target.shape)}"
-        )
-    if bias is not None and bias.shape != weight.shape[:1]:
-        raise ValueError(f"bias must be [V={weight.shape[0]}]; got {tuple(bias.shape)}")
+    check_head_shapes(hidden, weight, target, bias)
+    if target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"target must hold token ids (int64), got {target.dtype}")
     for name, value in (("temperature", temperature), ("logit_scale", logit_scale), ("softcap", softcap)):
         if value is not None and not (isinstance(value, int | float) and math.isfinite(value)):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
