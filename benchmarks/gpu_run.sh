@@ -47,7 +47,8 @@
 #   distributed    python -m benchmarks distributed on every visible GPU (FSDP2 and DDP; DIST_ARGS)
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
-#   probe-rows     benchmarks.probes.row_stats (the row kernels' statistics pass: lanes or blocks, block caps)
+#   probe-rows     benchmarks.probes.row_stats (the row kernels' statistics pass: lanes or blocks, block caps; ROWS_ARGS,
+#                  e.g. "--cases ce_rows --rows 4096,16384 --warps 8,16,32 --grad-out" for the CE op)
 #   positions      benchmarks.probes.positions (a patched model called without positions: compiled SDPA unmasked)
 #   probe-step     benchmarks.probes.e2e_step (one e2e step by phase and kernel kind, ours and liger)
 #   profile-step   the same on a step bench row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096;
@@ -187,7 +188,7 @@ ours_compile_regional,hf_compile_cudagraphs,ours_compile_cudagraphs,hf_compile_a
              bench compile "$t" 85 compile --workers 8 --budget-s $(( t - 50 )) $COMPILE_ARGS ;;
     probe-chunk) part probe-chunk "${T_PROBE:-120}" 12 bash -c "python3 -m benchmarks.probes.token_chunk \
                    --shape gpt_oss && python3 -m benchmarks.probes.token_chunk --shape llama --chunks 2048" ;;
-    probe-rows) probe probe-rows "${T_PROBE:-120}" 12 row_stats ;;
+    probe-rows) probe probe-rows "${T_PROBE:-120}" 12 row_stats $ROWS_ARGS ;;
     positions) probe positions "${T_POSITIONS:-90}" 10 positions ;;
     probe-step) part probe-step "${T_PROBE:-180}" 80 bash -c "python3 -m benchmarks.probes.e2e_step --method ours \
                   && python3 -m benchmarks.probes.e2e_step --method liger" ;;

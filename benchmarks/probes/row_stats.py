@@ -8,14 +8,23 @@ Cases: the CE op's rows kernel on 4096 x 128256 (loss + in-place gradient), the 
 throughput (1280 x 201088), the vocabulary strategy's statistics kernel on Llama's pass-1 chunk at 8192 tokens
 (8192 x 42752) and GPT-OSS's at 2048 tokens (2048 x 117504). JSON under $OUT (else benchmarks/results/).
 
-Usage: python -m benchmarks.probes.row_stats
+``--warps 8,16,32`` times each configuration at each warp count instead of the launchers' rule
+(``triton_utils.warps_for``); ``--cases ce_rows`` keeps the cases whose name starts with it; ``--rows 4096,16384``
+the CE op's row counts (128256 columns); ``--grad-out`` writes the gradient to a new buffer, as the CE op does by
+default (bytes: the logits read twice and the gradient written once either way).
+
+Usage: python -m benchmarks.probes.row_stats [--warps 8,16,32] [--cases ce_rows] [--rows 4096,16384] [--grad-out]
 """
 
 from __future__ import annotations
 
+import argparse
+from contextlib import contextmanager
+
 import torch
 
 from benchmarks.harness import median_ms, write_probe
+from liger_registry.kernels import triton_utils
 from liger_registry.kernels.ce import triton_kernels as triton_row_stats
 from liger_registry.kernels.ce.triton_kernels import ce_rows_triton, row_scales
 from liger_registry.kernels.flce import triton_kernels as tv
@@ -34,8 +43,9 @@ ROWS_CASES = [(4096, 128256), (1280, 201088)]
 STATS_CASES = [(8192, 42752), (2048, 117504)]
 
 
-def ce_rows_call(buf: torch.Tensor, target: torch.Tensor):
-    """One launch of the CE rows kernel on ``buf`` (loss + in-place gradient, plain options), as a callable."""
+def ce_rows_call(buf: torch.Tensor, target: torch.Tensor, grad_out: torch.Tensor | None = None):
+    """One launch of the CE rows kernel on ``buf`` (loss + gradient, in place unless ``grad_out``, plain
+    options), as a callable."""
     n = buf.shape[0]
     ce = torch.empty(n, dtype=torch.float32, device=buf.device)
     scale = torch.tensor(1.0 / n, device=buf.device)
@@ -43,13 +53,14 @@ def ce_rows_call(buf: torch.Tensor, target: torch.Tensor):
     kw = dict(ignore_index=-100, label_smoothing=0.0, softcap=None, logit_scale=1.0, lse_square_scale=0.0)
     kw.update(class_weights=None, ce_grad_scale=scale, z_grad_scale=scale, row_grad=None, compute_grad=True)
     return lambda: ce_rows_triton(
-        buf, target, **kw, argmax_mode=0, out=(ce, None, None), target_logit=None, **extra
+        buf, target, **kw, argmax_mode=0, out=(ce, None, None), target_logit=None, grad_out=grad_out, **extra
     )
 
 
-def rows_fn(n: int, v: int):
+def rows_fn(n: int, v: int, grad_out: bool = False):
     buf = torch.randn(n, v, device="cuda").bfloat16()
-    return ce_rows_call(buf, torch.randint(0, v, (n,), device="cuda"))
+    g = torch.empty_like(buf) if grad_out else None
+    return ce_rows_call(buf, torch.randint(0, v, (n,), device="cuda"), g)
 
 
 def stats_fn(n: int, w: int):
@@ -59,26 +70,64 @@ def stats_fn(n: int, w: int):
     return lambda: tv.stats_update_triton(buf, 0, t, state, opts=opts, class_weights=None, argmax=False)
 
 
-def main() -> None:
-    cases = {f"ce_rows {n}x{v}": ("ce_rows", rows_fn(n, v), 3 * n * v * 2) for n, v in ROWS_CASES}
+@contextmanager
+def warps(count: int | None):
+    """The row kernels launched with ``count`` warps (None: the launchers' own rule)."""
+    rule = triton_utils.warps_for
+    if count is not None:
+        triton_utils.warps_for = lambda block: count
+    try:
+        yield
+    finally:
+        triton_utils.warps_for = rule
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--warps", default="", help="comma list of warp counts (default: the launchers' rule)")
+    ap.add_argument("--cases", default="", help="keep the cases whose name starts with this")
+    ap.add_argument("--rows", default="", help="comma list of the CE op's row counts (128256 columns)")
+    ap.add_argument(
+        "--grad-out", action="store_true", help="the gradient into a new buffer (the CE op's default)"
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    rows_cases = [(int(n), 128256) for n in args.rows.split(",")] if args.rows else ROWS_CASES
+    # bytes: the logits read twice (statistics, gradient) and the gradient written once
+    cases = {
+        f"ce_rows {n}x{v}": ("ce_rows", rows_fn(n, v, args.grad_out), 3 * n * v * 2) for n, v in rows_cases
+    }
     cases.update({f"vocab_stats {n}x{w}": ("vocab_stats", stats_fn(n, w), n * w * 2) for n, w in STATS_CASES})
+    cases = {k: c for k, c in cases.items() if k.startswith(args.cases)}
+    counts = [int(w) for w in args.warps.split(",")] if args.warps else [None]
+    configs = [(mode, cap, w) for mode, cap in CONFIGS for w in counts]
     default = dict(triton_row_stats.ROW_STATS)
     res = {}
     for name, (kernel, fn, nbytes) in cases.items():
         res[name] = {}
-        for mode, cap in CONFIGS:
+        for mode, cap, w in configs:
             triton_row_stats.ROW_STATS[kernel] = (mode, cap)
             tv._flags.cache_clear()
-            ms = median_ms(fn)
-            res[name][f"{mode}{cap}"] = {"ms": ms, "tbs": nbytes / ms / 1e9}
+            with warps(w):
+                ms = median_ms(fn)
+            res[name][label(mode, cap, w)] = {"ms": ms, "tbs": nbytes / ms / 1e9}
         triton_row_stats.ROW_STATS.update(default)
         tv._flags.cache_clear()
     width = max(len(k) for k in res)
-    print(f"{'case (ms, TB/s)':<{width}} " + " ".join(f"{m}{c:>6}".rjust(15) for m, c in CONFIGS))
+    print(f"{'case (ms, TB/s)':<{width}} " + " ".join(label(*c).rjust(15) for c in configs))
     for name, row in res.items():
         cells = " ".join(f"{r['ms']:7.3f} {r['tbs']:5.2f}".rjust(15) for r in row.values())
         print(f"{name:<{width}} {cells}")
-    write_probe("row_stats", {"configs": CONFIGS, "results": res, "default": default})
+    write_probe(
+        "row_stats", {"configs": configs, "results": res, "default": default, "grad_out": args.grad_out}
+    )
+
+
+def label(mode: str, cap: int, w: int | None) -> str:
+    return f"{mode}{cap}" + ("" if w is None else f"w{w}")
 
 
 if __name__ == "__main__":
