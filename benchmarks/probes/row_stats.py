@@ -11,9 +11,11 @@ throughput (1280 x 201088), the vocabulary strategy's statistics kernel on Llama
 ``--warps 8,16,32`` times each configuration at each warp count instead of the launchers' rule
 (``triton_utils.warps_for``); ``--cases ce_rows`` keeps the cases whose name starts with it; ``--rows 4096,16384``
 the CE op's row counts (128256 columns); ``--grad-out`` writes the gradient to a new buffer, as the CE op does by
-default (bytes: the logits read twice and the gradient written once either way).
+default (bytes: the logits read twice and the gradient written once either way); ``--grad-reversed`` times each
+configuration with the CE rows kernel's gradient pass in both column orders (``GRAD_REVERSED`` off, then on).
 
 Usage: python -m benchmarks.probes.row_stats [--warps 8,16,32] [--cases ce_rows] [--rows 4096,16384] [--grad-out]
+       [--grad-reversed]
 """
 
 from __future__ import annotations
@@ -71,15 +73,18 @@ def stats_fn(n: int, w: int):
 
 
 @contextmanager
-def warps(count: int | None):
-    """The row kernels launched with ``count`` warps (None: the launchers' own rule)."""
-    rule = triton_utils.warps_for
+def launched(count: int | None, reversed_: bool | None):
+    """The row kernels launched with ``count`` warps and the CE gradient pass in the order ``reversed_`` (None:
+    the launchers' own rule, the module's order)."""
+    rule, order = triton_utils.warps_for, triton_row_stats.GRAD_REVERSED
     if count is not None:
         triton_utils.warps_for = lambda block: count
+    if reversed_ is not None:
+        triton_row_stats.GRAD_REVERSED = reversed_
     try:
         yield
     finally:
-        triton_utils.warps_for = rule
+        triton_utils.warps_for, triton_row_stats.GRAD_REVERSED = rule, order
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -90,6 +95,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--grad-out", action="store_true", help="the gradient into a new buffer (the CE op's default)"
     )
+    ap.add_argument("--grad-reversed", action="store_true", help="each config in both gradient-pass orders")
     return ap.parse_args(argv)
 
 
@@ -103,17 +109,18 @@ def main(argv=None) -> None:
     cases.update({f"vocab_stats {n}x{w}": ("vocab_stats", stats_fn(n, w), n * w * 2) for n, w in STATS_CASES})
     cases = {k: c for k, c in cases.items() if k.startswith(args.cases)}
     counts = [int(w) for w in args.warps.split(",")] if args.warps else [None]
-    configs = [(mode, cap, w) for mode, cap in CONFIGS for w in counts]
+    orders = [False, True] if args.grad_reversed else [None]
+    configs = [(mode, cap, w, r) for mode, cap in CONFIGS for w in counts for r in orders]
     default = dict(triton_row_stats.ROW_STATS)
     res = {}
     for name, (kernel, fn, nbytes) in cases.items():
         res[name] = {}
-        for mode, cap, w in configs:
+        for mode, cap, w, r in configs:
             triton_row_stats.ROW_STATS[kernel] = (mode, cap)
             tv._flags.cache_clear()
-            with warps(w):
+            with launched(w, r):
                 ms = median_ms(fn)
-            res[name][label(mode, cap, w)] = {"ms": ms, "tbs": nbytes / ms / 1e9}
+            res[name][label(mode, cap, w, r)] = {"ms": ms, "tbs": nbytes / ms / 1e9}
         triton_row_stats.ROW_STATS.update(default)
         tv._flags.cache_clear()
     width = max(len(k) for k in res)
@@ -126,8 +133,8 @@ def main(argv=None) -> None:
     )
 
 
-def label(mode: str, cap: int, w: int | None) -> str:
-    return f"{mode}{cap}" + ("" if w is None else f"w{w}")
+def label(mode: str, cap: int, w: int | None, r: bool | None = None) -> str:
+    return f"{mode}{cap}" + ("" if w is None else f"w{w}") + ("" if not r else "r")
 
 
 if __name__ == "__main__":

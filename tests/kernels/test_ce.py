@@ -115,6 +115,33 @@ def test_ce_rows_kernel_matches_torch(opts, dtype):
 
 
 @pytest.mark.usefixtures("triton_small")
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "grad-out"])
+def test_the_reversed_gradient_pass_writes_the_same_values(in_place, monkeypatch):
+    """GRAD_REVERSED walks the gradient pass's column blocks last to first: every value the same, to the bit, and
+    the PyTorch rows' (rows of 50 columns cross four blocks of 16, the last one partial)."""
+    from liger_registry.kernels.ce import triton_kernels
+
+    x = torch.randn(9, 50, generator=_g()) * 3
+    t = torch.randint(0, 50, (9,), generator=_g(1))
+    t[4] = -100
+    o = dict(ignore_index=-100, label_smoothing=0.1, softcap=3.0, logit_scale=1.0, lse_square_scale=1e-2)
+    o.update(class_weights=torch.rand(50, generator=_g(3)) + 0.5, ce_grad_scale=0.3, z_grad_scale=0.7)
+    o.update(row_grad=torch.randn(9, generator=_g(2)), compute_grad=True)
+    grads, losses = [], []
+    for reversed_ in (False, True):
+        monkeypatch.setattr(triton_kernels, "GRAD_REVERSED", reversed_)
+        buf = x.clone()
+        out = None if in_place else torch.full_like(x, float("nan"))
+        ce, _, _ = ce_rows_triton(buf, t, **o, grad_out=out)
+        grads.append(buf if in_place else out)
+        losses.append(ce)
+    assert torch.equal(grads[0], grads[1]) and torch.equal(losses[0], losses[1])
+    ref = x.clone()
+    ce_ref.ce_rows_torch(ref, t, **o)
+    close(grads[1], ref, 1e-5)
+
+
+@pytest.mark.usefixtures("triton_small")
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cross_entropy_triton(reduction, dtype):

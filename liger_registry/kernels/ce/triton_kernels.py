@@ -26,6 +26,12 @@ from .reference import ce_rows_torch
 # How the row kernels run their statistics pass (``row_stats``): per-lane state ("lanes") or block reductions
 # ("blocks"), and the largest column block. Lanes keep three live vectors per thread (32768 spills).
 ROW_STATS = {"ce_rows": ("blocks", 8192), "vocab_stats": ("lanes", 2048)}
+# Whether the CE rows kernel walks its gradient pass from the row's last column block to its first. The statistics
+# pass has just streamed the row first to last, so its last blocks are the likeliest still in L2: rows of a 128k
+# vocabulary (256 KB each), hundreds in flight, do not fit L2, and a first-to-last re-read meets the blocks in the
+# order L2 evicted them. Off until timed against the forward order (``python -m benchmarks.probes.row_stats
+# --grad-reversed``).
+GRAD_REVERSED = False
 
 
 def row_stats_config(kernel: str, n_cols: int) -> tuple[bool, int]:
@@ -148,6 +154,41 @@ def row_stats(
 
 
 @triton.jit
+def _grad_block(
+    x_ptr,
+    g_ptr,
+    cw_ptr,
+    cols,
+    mask,
+    target_col,
+    lse,
+    coef,
+    a_s,
+    sm,
+    softcap,
+    logit_scale,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+):
+    z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+    if HAS_SOFTCAP:
+        t = tanh(z / softcap)
+        z = softcap * t
+    g = tl.exp(z - lse) * coef
+    g = tl.where(cols == target_col, g - a_s, g)
+    if HAS_SMOOTH:
+        if HAS_WEIGHT:
+            g -= sm * tl.load(cw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            g -= sm
+    if HAS_SOFTCAP:
+        g = g * (1.0 - t * t)
+    g = g * logit_scale
+    tl.store(g_ptr + cols, g.to(g_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def grad_row(
     x_ptr,
     g_ptr,
@@ -164,28 +205,53 @@ def grad_row(
     HAS_WEIGHT: tl.constexpr,
     HAS_SMOOTH: tl.constexpr,
     BLOCK: tl.constexpr,
+    REVERSED: tl.constexpr = False,
 ):
     """Writes to ``g_ptr`` the gradient of the row at ``x_ptr``: ``(softmax(z) * coef - a_s [at target_col] -
-    sm * class weight) * dz/dx`` with z = softcap(x * logit_scale); ``cw_ptr``: the class weights of its columns."""
+    sm * class weight) * dz/dx`` with z = softcap(x * logit_scale); ``cw_ptr``: the class weights of its columns.
+    ``REVERSED``: the column blocks last to first (the same values; see ``GRAD_REVERSED``)."""
     offs = tl.arange(0, BLOCK)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + offs
-        mask = cols < n_cols
-        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
-        if HAS_SOFTCAP:
-            t = tanh(z / softcap)
-            z = softcap * t
-        g = tl.exp(z - lse) * coef
-        g = tl.where(cols == target_col, g - a_s, g)
-        if HAS_SMOOTH:
-            if HAS_WEIGHT:
-                g -= sm * tl.load(cw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-            else:
-                g -= sm
-        if HAS_SOFTCAP:
-            g = g * (1.0 - t * t)
-        g = g * logit_scale
-        tl.store(g_ptr + cols, g.to(g_ptr.dtype.element_ty), mask=mask)
+    if REVERSED:
+        nblocks = tl.cdiv(n_cols, BLOCK)
+        for i in range(0, nblocks):
+            cols = (nblocks - 1 - i) * BLOCK + offs
+            _grad_block(
+                x_ptr,
+                g_ptr,
+                cw_ptr,
+                cols,
+                cols < n_cols,
+                target_col,
+                lse,
+                coef,
+                a_s,
+                sm,
+                softcap,
+                logit_scale,
+                HAS_SOFTCAP,
+                HAS_WEIGHT,
+                HAS_SMOOTH,
+            )
+    else:
+        for start in range(0, n_cols, BLOCK):
+            cols = start + offs
+            _grad_block(
+                x_ptr,
+                g_ptr,
+                cw_ptr,
+                cols,
+                cols < n_cols,
+                target_col,
+                lse,
+                coef,
+                a_s,
+                sm,
+                softcap,
+                logit_scale,
+                HAS_SOFTCAP,
+                HAS_WEIGHT,
+                HAS_SMOOTH,
+            )
 
 
 @triton.jit
@@ -218,6 +284,7 @@ def _ce_rows_kernel(
     COMPUTE_GRAD: tl.constexpr,
     LANES: tl.constexpr,
     BLOCK: tl.constexpr,
+    REVERSED: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_ptr = X + row * stride_x
@@ -299,6 +366,7 @@ def _ce_rows_kernel(
             HAS_WEIGHT,
             HAS_SMOOTH,
             BLOCK,
+            REVERSED,
         )
 
 
@@ -396,6 +464,7 @@ def ce_rows_triton(
         COMPUTE_GRAD=bool(compute_grad),
         LANES=lanes,
         BLOCK=block,
+        REVERSED=GRAD_REVERSED,
         num_warps=tu.warps_for(block),
     )
     return ce, zl, am
