@@ -178,7 +178,7 @@ ours_compile_regional,hf_compile_cudagraphs,ours_compile_cudagraphs,hf_compile_a
            "for run in empty-cache filled-cache; do echo \"--- \$run\"; time $tune || exit 1; done" ;;&
     moe|moe-bench)
          bench moe-bench "${T_MOE_BENCH:-600}" 70 moe ${MOE_ARGS:---shapes qwen3_moe,gpt_oss,mixtral,dbrx \
-           --tokens 4096,16384 --methods hf:eager,hf:grouped_mm,liger,ours,ours:persistent} ;;&
+           --tokens 4096,16384 --methods ours,ours:persistent,hf:grouped_mm,hf:eager,liger} ;;&
     moe|moe-tests|moe-probe|moe-tune|moe-bench) ;;
     rl-head|rl-head-tests) part rl-head-tests "${T_RL_HEAD_TESTS:-90}" 12 $PYTEST -m gpu tests/kernels/test_rl_head.py ;;&
     rl-head|rl-head-bench) bench rl-head "${T_RL_HEAD:-150}" 40 rl_head $RL_HEAD_ARGS ;;&

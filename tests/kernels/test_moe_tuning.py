@@ -294,6 +294,45 @@ def test_searches_off_take_the_first_candidate_at_once(two_candidates, cache_dir
     assert not two_candidates and not rows.searches and set(rows.picks.values()) == {TWO[0]}
 
 
+def test_a_cuda_search_compiles_every_candidate_before_timing_any(cache_dir, monkeypatch):
+    """On CUDA the search first compiles its candidates, the first alone and the rest in threads, each thread
+    on the launch's device. A candidate that fails to compile is left to the timed loop, which times it as
+    infinite and picks another."""
+    import contextlib
+    import threading
+
+    three = [*TWO, tuning.TileConfig.of(4, 1, BN=64, BK=16, GROUP_M=1)]
+    events, devices = [], []
+    monkeypatch.setattr(tuning, "device_name", lambda device: "fake sm90")
+    monkeypatch.setattr(torch.cuda, "device", lambda d: devices.append(d) or contextlib.nullcontext())
+
+    def compile_only(cfg):
+        events.append(("compile", cfg, threading.current_thread() is threading.main_thread()))
+        if cfg == three[1]:
+            raise RuntimeError("out of shared memory")
+
+    def run(cfg):
+        events.append(("run", cfg, None))
+        if cfg == three[1]:
+            raise RuntimeError("out of shared memory")
+
+    monkeypatch.setattr(tuning, "time_ms", lambda fn, device: (fn(), 3.0)[1])
+    cuda = torch.device("cuda", 1)
+    picked = tuning.Tuner("t", None, ()).pick("b", three, cuda, run, compile_only=compile_only)
+    compiles = [e for e in events if e[0] == "compile"]
+    assert events[: len(three)] == compiles and {e[1] for e in compiles} == set(three)
+    assert compiles[0][1] == three[0] and compiles[0][2]  # the first alone, on the caller's thread
+    assert devices == [cuda] * len(three)
+    assert picked == three[0] and [e[1] for e in events if e[0] == "run"] == three
+
+
+def test_off_cuda_the_search_compiles_nothing_ahead():
+    seen = []
+    tuning.compile_side_by_side(TWO, seen.append, torch.device("cpu"))
+    tuning.compile_side_by_side(TWO[:1], seen.append, torch.device("cuda"))
+    assert not seen
+
+
 # ---------------------------------------------------------------- liger-registry tune
 
 

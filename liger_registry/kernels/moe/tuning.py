@@ -7,6 +7,7 @@
 * :class:`Tuner`: a kernel's launches. A shape bucket's config comes from this process's picks, else the disk
   cache (``tune_cache``), else a timed search over the candidates (written to the cache). One candidate (the
   interpreter's, or ``LIGER_REGISTRY_AUTOTUNE=0``: the heuristic's first) is used without a search.
+* :func:`compile_side_by_side`: a CUDA search compiles its candidates in threads before timing them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -300,22 +302,28 @@ class Tuner:
         def run(cfg: TileConfig):
             self.kernel[grid](*args, **consts, **cfg.launch_kwargs())
 
+        def compile_only(cfg: TileConfig):
+            self.kernel.warmup(*args, grid=grid, **consts, **cfg.launch_kwargs())
+
         key = (*sizes.values(), *consts.values())
         cfg = self._known.get(key)
         if cfg is None:
-            cfg = self.pick(bucket_name(sizes, consts), candidates(), device, run, restore)
+            cfg = self.pick(bucket_name(sizes, consts), candidates(), device, run, restore, compile_only)
             self._known[key] = cfg
         run(cfg)
         return cfg
 
-    def pick(self, bucket: str, candidates: list[TileConfig], device, run, restore=()) -> TileConfig:
-        """The bucket's config: this process's pick, the disk cache's, or a search's (``run(cfg)`` launches)."""
+    def pick(self, bucket: str, candidates: list[TileConfig], device, run, restore=(), compile_only=None):
+        """The bucket's config: this process's pick, the disk cache's, or a search's (``run(cfg)`` launches,
+        ``compile_only(cfg)`` compiles without launching: the search compiles its candidates side by side)."""
         if (cfg := self.picks.get(bucket)) is not None:
             return cfg
         if len(candidates) == 1 or not search_enabled():
             cfg = candidates[0]
             self.defaulted.append(bucket)
         elif (cfg := self._cached(bucket, candidates, device)) is None:
+            if compile_only is not None:
+                compile_side_by_side(candidates, compile_only, device)
             cfg = self._search(bucket, candidates, device, run, restore)
         self.picks[bucket] = cfg
         return cfg
@@ -360,6 +368,29 @@ class Tuner:
         self.searches.clear()
         self.cached.clear()
         self.defaulted.clear()
+
+
+def compile_side_by_side(
+    candidates: Sequence[TileConfig], compile_only: Callable, device: torch.device
+) -> None:
+    """Compile every candidate before any is timed: the first alone (it initialises the compiler), the rest in
+    threads, which overlap because Triton's compiler releases the GIL for most of its work (ptxas, LLVM). Only on
+    CUDA (the interpreter compiles nothing). A config that fails here fails again in the timed loop, which
+    records it."""
+    if device.type != "cuda" or len(candidates) < 2:
+        return
+
+    def build(cfg: TileConfig) -> None:
+        with torch.cuda.device(device):  # Triton keys its kernel cache by the thread's current device
+            try:
+                compile_only(cfg)
+            except Exception:  # noqa: BLE001, S110 - the timed loop launches it again and records the error
+                pass
+
+    build(candidates[0])
+    workers = min(len(candidates) - 1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(build, candidates[1:]))
 
 
 def bucket_name(sizes: dict, consts: dict) -> str:
