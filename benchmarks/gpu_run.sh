@@ -48,7 +48,8 @@
 #   compile        python -m benchmarks compile (every family's tiny model, inductor vs eager, 8 worker processes)
 #   probe-chunk    benchmarks.probes.token_chunk (one token chunk's GEMMs and row kernel, GPT-OSS and Llama)
 #   probe-rows     benchmarks.probes.row_stats (the row kernels' statistics pass: lanes or blocks, block caps; ROWS_ARGS,
-#                  e.g. "--cases ce_rows --rows 4096,16384 --warps 8,16,32 --grad-out" for the CE op)
+#                  e.g. "--cases ce_rows --rows 4096,16384 --configs blocks8192,blocks16384,blocks32768 --warps
+#                  8,16,32 --grad-out --grad-reversed" for the CE op, with T_PROBE=240)
 #   positions      benchmarks.probes.positions (a patched model called without positions: compiled SDPA unmasked)
 #   probe-step     benchmarks.probes.e2e_step (one e2e step by phase and kernel kind, ours and liger)
 #   profile-step   the same on a step bench row (STEP_MODEL, default llama3_2_1b; STEP_SHAPE, default 2x4096;

@@ -12,10 +12,11 @@ throughput (1280 x 201088), the vocabulary strategy's statistics kernel on Llama
 (``triton_utils.warps_for``); ``--cases ce_rows`` keeps the cases whose name starts with it; ``--rows 4096,16384``
 the CE op's row counts (128256 columns); ``--grad-out`` writes the gradient to a new buffer, as the CE op does by
 default (bytes: the logits read twice and the gradient written once either way); ``--grad-reversed`` times each
-configuration with the CE rows kernel's gradient pass in both column orders (``GRAD_REVERSED`` off, then on).
+configuration with the CE rows kernel's gradient pass in both column orders (``GRAD_REVERSED`` off, then on);
+``--configs blocks8192,blocks32768`` keeps those statistics passes.
 
 Usage: python -m benchmarks.probes.row_stats [--warps 8,16,32] [--cases ce_rows] [--rows 4096,16384] [--grad-out]
-       [--grad-reversed]
+       [--grad-reversed] [--configs blocks8192,blocks32768]
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def parse(argv=None) -> argparse.Namespace:
         "--grad-out", action="store_true", help="the gradient into a new buffer (the CE op's default)"
     )
     ap.add_argument("--grad-reversed", action="store_true", help="each config in both gradient-pass orders")
+    ap.add_argument(
+        "--configs", default="", help="comma list of statistics passes, e.g. blocks8192,lanes2048"
+    )
     return ap.parse_args(argv)
 
 
@@ -110,7 +114,8 @@ def main(argv=None) -> None:
     cases = {k: c for k, c in cases.items() if k.startswith(args.cases)}
     counts = [int(w) for w in args.warps.split(",")] if args.warps else [None]
     orders = [False, True] if args.grad_reversed else [None]
-    configs = [(mode, cap, w, r) for mode, cap in CONFIGS for w in counts for r in orders]
+    kept = set(args.configs.split(",")) if args.configs else {f"{m}{c}" for m, c in CONFIGS}
+    configs = [(m, c, w, r) for m, c in CONFIGS if f"{m}{c}" in kept for w in counts for r in orders]
     default = dict(triton_row_stats.ROW_STATS)
     res = {}
     for name, (kernel, fn, nbytes) in cases.items():
