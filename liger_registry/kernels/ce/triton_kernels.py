@@ -154,41 +154,6 @@ def row_stats(
 
 
 @triton.jit
-def _grad_block(
-    x_ptr,
-    g_ptr,
-    cw_ptr,
-    cols,
-    mask,
-    target_col,
-    lse,
-    coef,
-    a_s,
-    sm,
-    softcap,
-    logit_scale,
-    HAS_SOFTCAP: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTH: tl.constexpr,
-):
-    z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
-    if HAS_SOFTCAP:
-        t = tanh(z / softcap)
-        z = softcap * t
-    g = tl.exp(z - lse) * coef
-    g = tl.where(cols == target_col, g - a_s, g)
-    if HAS_SMOOTH:
-        if HAS_WEIGHT:
-            g -= sm * tl.load(cw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        else:
-            g -= sm
-    if HAS_SOFTCAP:
-        g = g * (1.0 - t * t)
-    g = g * logit_scale
-    tl.store(g_ptr + cols, g.to(g_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def grad_row(
     x_ptr,
     g_ptr,
@@ -211,47 +176,28 @@ def grad_row(
     sm * class weight) * dz/dx`` with z = softcap(x * logit_scale); ``cw_ptr``: the class weights of its columns.
     ``REVERSED``: the column blocks last to first (the same values; see ``GRAD_REVERSED``)."""
     offs = tl.arange(0, BLOCK)
-    if REVERSED:
-        nblocks = tl.cdiv(n_cols, BLOCK)
-        for i in range(0, nblocks):
-            cols = (nblocks - 1 - i) * BLOCK + offs
-            _grad_block(
-                x_ptr,
-                g_ptr,
-                cw_ptr,
-                cols,
-                cols < n_cols,
-                target_col,
-                lse,
-                coef,
-                a_s,
-                sm,
-                softcap,
-                logit_scale,
-                HAS_SOFTCAP,
-                HAS_WEIGHT,
-                HAS_SMOOTH,
-            )
-    else:
-        for start in range(0, n_cols, BLOCK):
-            cols = start + offs
-            _grad_block(
-                x_ptr,
-                g_ptr,
-                cw_ptr,
-                cols,
-                cols < n_cols,
-                target_col,
-                lse,
-                coef,
-                a_s,
-                sm,
-                softcap,
-                logit_scale,
-                HAS_SOFTCAP,
-                HAS_WEIGHT,
-                HAS_SMOOTH,
-            )
+    last = (tl.cdiv(n_cols, BLOCK) - 1) * BLOCK
+    for start in range(0, n_cols, BLOCK):
+        first = start
+        if REVERSED:
+            first = last - start
+        cols = first + offs
+        mask = cols < n_cols
+        z = tl.load(x_ptr + cols, mask=mask, other=0.0).to(tl.float32) * logit_scale
+        if HAS_SOFTCAP:
+            t = tanh(z / softcap)
+            z = softcap * t
+        g = tl.exp(z - lse) * coef
+        g = tl.where(cols == target_col, g - a_s, g)
+        if HAS_SMOOTH:
+            if HAS_WEIGHT:
+                g -= sm * tl.load(cw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            else:
+                g -= sm
+        if HAS_SOFTCAP:
+            g = g * (1.0 - t * t)
+        g = g * logit_scale
+        tl.store(g_ptr + cols, g.to(g_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
