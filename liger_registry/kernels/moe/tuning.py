@@ -302,12 +302,13 @@ class Tuner:
         def run(cfg: TileConfig):
             self.kernel[grid](*args, **consts, **cfg.launch_kwargs())
 
-        def compile_only(cfg: TileConfig):
-            self.kernel.warmup(*args, grid=grid, **consts, **cfg.launch_kwargs())
-
         key = (*sizes.values(), *consts.values())
         cfg = self._known.get(key)
-        if cfg is None:
+        if cfg is None:  # the first launch of this bucket in this process (the hot path skips all of this)
+
+            def compile_only(cfg: TileConfig):
+                self.kernel.warmup(*args, grid=grid, **consts, **cfg.launch_kwargs())
+
             cfg = self.pick(bucket_name(sizes, consts), candidates(), device, run, restore, compile_only)
             self._known[key] = cfg
         run(cfg)
